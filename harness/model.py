@@ -1,0 +1,546 @@
+"""The engine: weights resident on a backend, a shared workspace, per-session caches.
+
+``Engine(checkpoint, backend)`` prepares the weights once; every session's work goes through the
+same engine and the same workspace buffers (activations, scratch), so interleaving sessions is a
+real hazard that the walker's peer check catches. Per-session state lives in :class:`Cache`.
+
+Entry points (bitwise consistent with each other in exact mode, since every kernel computes each
+row independently of how many rows share the launch):
+
+- ``prime_chunk(sess, ids)``: a batch of prompt rows; logits of the last row, hidden rows.
+- ``decode_step(sess, token)``: one row.
+- ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
+  ``capture``, per-row DeltaNet state so :meth:`Engine.rollback` can keep an accepted prefix.
+- ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP head.
+
+The weight layout is re-arranged once at load without changing any output's arithmetic: the
+DeltaNet's per-key-head interleaved ``in_proj_qkvz``/``in_proj_ba`` rows are regrouped into
+``q‖k‖v‖z`` / ``b‖a``, attention's per-head ``query‖gate`` rows into ``queries‖gates`` (with K
+and V rows appended), and SwiGLU's gate and up rows stacked — each output is still one canonical
+dot product of its own weight row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend import get_backend
+from .config import LINEAR, ModelConfig
+from .errors import InputError, NumericError, PrimewalkError
+from .weights import Checkpoint
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# layout helpers
+# ------------------------------------------------------------------------------------------------
+def qkvz_order(cfg: ModelConfig) -> np.ndarray:
+    """Row permutation taking HF's per-key-head [q k v z] groups to [q_all k_all v_all z_all]."""
+    hk, dk, dv, r = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.v_per_k
+    grp = 2 * dk + 2 * r * dv
+    q = [h * grp + i for h in range(hk) for i in range(dk)]
+    k = [h * grp + dk + i for h in range(hk) for i in range(dk)]
+    v = [h * grp + 2 * dk + i for h in range(hk) for i in range(r * dv)]
+    z = [h * grp + 2 * dk + r * dv + i for h in range(hk) for i in range(r * dv)]
+    return np.array(q + k + v + z)
+
+
+def ba_order(cfg: ModelConfig) -> np.ndarray:
+    hk, r = cfg.linear_num_key_heads, cfg.v_per_k
+    b = [h * 2 * r + i for h in range(hk) for i in range(r)]
+    a = [h * 2 * r + r + i for h in range(hk) for i in range(r)]
+    return np.array(b + a)
+
+
+def q_gate_order(cfg: ModelConfig) -> np.ndarray:
+    hq, D = cfg.num_attention_heads, cfg.head_dim
+    q = [h * 2 * D + i for h in range(hq) for i in range(D)]
+    g = [h * 2 * D + D + i for h in range(hq) for i in range(D)]
+    return np.array(q + g)
+
+
+def rope_tables(n: int, rot_dim: int, theta: float):
+    """cos, sin [n, rot_dim/2] float32, computed in float64 with the math module (identical on
+    every machine, unlike numpy's SIMD paths) and rounded once."""
+    half = rot_dim // 2
+    inv = [math.pow(theta, -(2.0 * i) / rot_dim) for i in range(half)]
+    cos = np.empty((n, half), np.float64)
+    sin = np.empty((n, half), np.float64)
+    for p in range(n):
+        for i, f in enumerate(inv):
+            a = p * f
+            cos[p, i] = math.cos(a)
+            sin[p, i] = math.sin(a)
+    return cos.astype(F32), sin.astype(F32)
+
+
+def config_fingerprint(cfg: ModelConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# per-session state
+# ------------------------------------------------------------------------------------------------
+class Cache:
+    """Per-session state: attention K/V per layer ``[max_ctx, Hkv·D]``, DeltaNet conv state
+    ``[K-1, conv_dim]`` and recurrent state ``[Hv, dk, dv]`` per layer, the MTP layer's K/V,
+    ``pos`` (trunk rows done), ``mtp_len`` (MTP rows filled), ``max_ctx``."""
+
+    def __init__(self, engine: "Engine", max_ctx: int):
+        cfg, B = engine.cfg, engine.B
+        self.cfg, self.B, self.fingerprint = cfg, B, engine.fingerprint
+        self.max_ctx, self.pos, self.mtp_len = int(max_ctx), 0, 0
+        kvw = cfg.num_key_value_heads * cfg.head_dim
+        self.conv, self.rec, self.k, self.v = {}, {}, {}, {}
+        self.kc1 = cfg.linear_conv_kernel_dim - 1
+        for i, t in enumerate(cfg.layer_types):
+            if t == LINEAR:
+                self.conv[i] = B.zeros((max(self.kc1, 1), cfg.conv_dim))
+                self.rec[i] = B.zeros((cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                       cfg.linear_value_head_dim))
+            else:
+                self.k[i], self.v[i] = B.zeros((self.max_ctx, kvw)), B.zeros((self.max_ctx, kvw))
+        self.mtp_k = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
+        self.mtp_v = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
+
+    def planes(self):
+        """(name, backend array view) in the fixed digest order."""
+        out = []
+        for i, t in enumerate(self.cfg.layer_types):
+            if t == LINEAR:
+                out.append((f"layers.{i}.conv", self.conv[i][: self.kc1]))
+                out.append((f"layers.{i}.recurrent", self.rec[i]))
+            else:
+                out.append((f"layers.{i}.k", self.k[i][: self.pos]))
+                out.append((f"layers.{i}.v", self.v[i][: self.pos]))
+        if self.mtp_k is not None:
+            out.append(("mtp.k", self.mtp_k[: self.mtp_len]))
+            out.append(("mtp.v", self.mtp_v[: self.mtp_len]))
+        return out
+
+    def digest(self) -> str:
+        """SHA-256 over lengths, positions and the float32 bits of every plane, in fixed order."""
+        h = hashlib.sha256(b"primewalk-cache/1\0")
+        h.update(np.array([self.pos, self.mtp_len], dtype="<i8").tobytes())
+        for name, a in self.planes():
+            host = np.ascontiguousarray(self.B.download(a), dtype="<f4")
+            h.update(name.encode() + b"\0" + np.array(host.shape, dtype="<i8").tobytes())
+            h.update(host.tobytes())
+        return h.hexdigest()
+
+    def snapshot(self) -> "Snapshot":
+        """An owned copy of every plane (only the rows in use of the K/V planes)."""
+        return Snapshot(self.fingerprint, self.pos, self.mtp_len,
+                        [(n, self.B.clone(a)) for n, a in self.planes()])
+
+    def restore(self, snap: "Snapshot") -> None:
+        if not isinstance(snap, Snapshot):
+            raise InputError("restore: not a cache snapshot")
+        if snap.fingerprint != self.fingerprint:
+            raise InputError("restore: the snapshot comes from a model with another config")
+        if snap.pos > self.max_ctx or snap.mtp_len > self.max_ctx:
+            raise InputError(f"restore: the snapshot holds {max(snap.pos, snap.mtp_len)} positions, "
+                             f"this cache only {self.max_ctx}")
+        self.pos, self.mtp_len = snap.pos, snap.mtp_len
+        for (name, dst), (sname, src) in zip(self.planes(), snap.planes):
+            assert name == sname
+            if src.shape[0]:
+                self.B.copy_into(dst, src)
+
+
+@dataclass
+class Snapshot:
+    fingerprint: str
+    pos: int
+    mtp_len: int
+    planes: list
+
+    def digest(self) -> str:
+        h = hashlib.sha256(b"primewalk-cache/1\0")
+        h.update(np.array([self.pos, self.mtp_len], dtype="<i8").tobytes())
+        for name, a in self.planes:
+            host = np.ascontiguousarray(a if isinstance(a, np.ndarray) else a.copy_to_host(), dtype="<f4")
+            h.update(name.encode() + b"\0" + np.array(host.shape, dtype="<i8").tobytes())
+            h.update(host.tobytes())
+        return h.hexdigest()
+
+
+@dataclass
+class Session:
+    """One sequence's state: cache, committed tokens, boundary captures, turn checkpoint, the
+    pending (sampled, not yet processed) token, the last trunk hidden row, sampling counter."""
+
+    cache: Cache
+    committed: list = field(default_factory=list)
+    boundary_captures: list = field(default_factory=list)
+    turn_ckpt: object = None
+    pending: int | None = None
+    last_h: object = None  # backend [1, H]: trunk hidden at the last processed position
+    sample_counter: int = 0
+    capture_at: int | None = None
+    ckpt_at: int | None = None
+    prime_ready: object = None
+    poisoned: str | None = None
+    session_id: int = 0
+    verify_caps: dict = field(default_factory=dict)  # per-row DeltaNet state of the last target step
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------------
+class Engine:
+    """Weights on one backend plus the workspace every session shares."""
+
+    def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True):
+        self.ckpt, self.cfg = ckpt, ckpt.config
+        self.B = get_backend(backend)
+        self.ops = self.B.ops
+        self.check_finite = check_finite
+        self.fingerprint = config_fingerprint(self.cfg)
+        self.has_mtp = ckpt.has_mtp
+        self._ws: dict = {}
+        self._rope_n = 0
+        self._sessions = 0
+        self._prepare(ckpt.tensors)
+
+    # ---- weights -----------------------------------------------------------------------------
+    def _prepare(self, t: dict) -> None:
+        cfg, up = self.cfg, self.B.upload
+        self.embed_host = np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=F32)
+        self.embed = up(self.embed_host)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else up(t["lm_head.weight"])
+        self.final_norm = up(t["model.norm.weight"])
+        self.layers = [self._prep_layer(t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i))
+                       for i, kind in enumerate(cfg.layer_types)]
+        self.mtp = None
+        if self.has_mtp:
+            self.mtp = {
+                "fc": up(t["mtp.fc.weight"]),
+                "norm_e": up(t["mtp.pre_fc_norm_embedding.weight"]),
+                "norm_h": up(t["mtp.pre_fc_norm_hidden.weight"]),
+                "norm": up(t["mtp.norm.weight"]),
+                "layer": self._prep_layer(t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0)),
+            }
+        self.cap_conv_dummy = self.B.zeros((1, 1, 1))
+        self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
+
+    def _prep_layer(self, t, p, kind, moe):
+        cfg, up = self.cfg, self.B.upload
+        L = {"kind": kind, "moe": moe, "name": p.rstrip("."),
+             "in_norm": up(t[p + "input_layernorm.weight"]),
+             "post_norm": up(t[p + "post_attention_layernorm.weight"])}
+        if kind == LINEAR:
+            a = p + "linear_attn."
+            L.update(qkvz=up(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
+                     ba=up(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
+                     conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
+                     dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
+                     out=up(t[a + "out_proj.weight"]))
+        else:
+            s = p + "self_attn."
+            L.update(qkv=up(np.concatenate([t[s + "q_proj.weight"][q_gate_order(cfg)],
+                                            t[s + "k_proj.weight"], t[s + "v_proj.weight"]])),
+                     q_norm=up(t[s + "q_norm.weight"]), k_norm=up(t[s + "k_norm.weight"]),
+                     o=up(t[s + "o_proj.weight"]))
+        if not moe:
+            L.update(gu=up(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
+                     down=up(t[p + "mlp.down_proj.weight"]), inter=cfg.intermediate_size)
+        else:
+            e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+            L.update(router=up(t[p + "mlp.gate.weight"]),
+                     G2=up(t[p + "mlp.experts.gate_proj"].reshape(e * i, h)),
+                     U2=up(t[p + "mlp.experts.up_proj"].reshape(e * i, h)),
+                     D2=up(t[p + "mlp.experts.down_proj"].reshape(e * h, i)))
+            L["shared"] = cfg.shared_expert_intermediate_size > 0
+            if L["shared"]:
+                q = p + "mlp.shared_expert."
+                L.update(sgu=up(np.concatenate([t[q + "gate_proj.weight"], t[q + "up_proj.weight"]])),
+                         sdown=up(t[q + "down_proj.weight"]), sgate=up(t[p + "mlp.shared_expert_gate.weight"]))
+        return L
+
+    # ---- workspace ---------------------------------------------------------------------------
+    def ws(self, name, rows, width, dtype=F32):
+        """A workspace buffer of at least ``rows`` × ``width`` (shared by all sessions)."""
+        a = self._ws.get(name)
+        if a is None or a.shape[0] < rows or a.shape[1] != width or a.dtype != dtype:
+            cap = max(rows, 1 if a is None else a.shape[0])
+            a = self._ws[name] = self.B.empty((cap, width), dtype)
+        return a
+
+    def _ensure_rope(self, n):
+        if n > self._rope_n:
+            n = max(n, 2 * self._rope_n, 256)
+            cos, sin = rope_tables(n, self.cfg.rotary_dim, self.cfg.rope_theta)
+            self.cos, self.sin = self.B.upload(cos), self.B.upload(sin)
+            self._rope_n = n
+
+    # ---- sessions ----------------------------------------------------------------------------
+    def new_session(self, max_ctx: int) -> Session:
+        if not isinstance(max_ctx, int) or max_ctx < 1:
+            raise InputError(f"max_ctx must be a positive integer, got {max_ctx!r}")
+        self._ensure_rope(max_ctx)
+        self._sessions += 1
+        return Session(Cache(self, max_ctx), session_id=self._sessions)
+
+    def check_ids(self, ids, what="prompt"):
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise InputError(f"{what} is empty")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{what}: token ids must be integers")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.cfg.vocab_size))
+        if bad.size:
+            raise InputError(f"{what}: token id {int(ids[bad[0]])} at index {int(bad[0])} is out of "
+                             f"range for vocab_size {self.cfg.vocab_size}")
+        return ids.astype(np.int32)
+
+    def _check_session(self, sess, rows):
+        if sess.poisoned:
+            raise InputError(f"session unusable: {sess.poisoned}; restore a snapshot or start a new session")
+        c = sess.cache
+        if c.fingerprint != self.fingerprint:
+            raise InputError("session cache belongs to a model with another config")
+        if c.pos + rows > c.max_ctx:
+            raise InputError(f"{rows} rows at position {c.pos} exceed the cache capacity {c.max_ctx}")
+
+    # ---- layers ------------------------------------------------------------------------------
+    def _gdn(self, L, li, h, R, cache, capture, caps):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        kd, vd, cd, nv = cfg.key_dim, cfg.value_dim, cfg.conv_dim, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        qkvz = ws("qkvz", R, cd + vd)
+        ops.linear(h, L["qkvz"], qkvz, R)
+        ba = ws("ba", R, 2 * nv)
+        ops.linear(h, L["ba"], ba, R)
+        cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
+        mixed = ws("mixed", R, cd)
+        ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
+        qn, kn = ws("qn", R, kd), ws("kn", R, kd)
+        beta, g = ws("beta", R, nv), ws("g", R, nv)
+        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, ba, nv, L["A_log"], L["dt_bias"],
+                     F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
+        o = ws("gdn_o", R, vd)
+        ops.gdn_recurrence(qn, kn, mixed, 2 * kd, g, beta, cache.rec[li], o, R, dk, dv, cfg.v_per_k, cap_r, capture)
+        on = ws("gdn_on", R, vd)
+        ops.gated_rmsnorm(o, qkvz, cd, nv, dv, L["norm"], cfg.rms_norm_eps, on, R)
+        mix = ws("mix", R, cfg.hidden_size)
+        ops.linear(on, L["out"], mix, R)
+        return mix
+
+    def _attn(self, L, h, R, kc, vc, start):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
+        ops.linear(h, L["qkv"], qkv, R)
+        q, k = ws("q", R, hq * D), ws("k", R, hkv * D)
+        ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
+        ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
+        half = cfg.rotary_dim // 2
+        ops.rope(q, hq, D, half, self.cos, self.sin, start, R)
+        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R)
+        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R)
+        att = ws("att", R, hq * D)
+        ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)))
+        gated = ws("att_g", R, hq * D)
+        ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+        mix = ws("mix", R, cfg.hidden_size)
+        ops.linear(gated, L["o"], mix, R)
+        return mix
+
+    def _mlp(self, L, h, R):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        H = cfg.hidden_size
+        mix = ws("mix", R, H)
+        if not L["moe"]:
+            I = L["inter"]
+            gu, act = ws("gu", R, 2 * I), ws("act", R, I)
+            ops.linear(h, L["gu"], gu, R)
+            ops.swiglu_act(gu, I, act, R)
+            ops.linear(act, L["down"], mix, R)
+            return mix
+        E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+        rl, P = ws("router", R, E), ws("router_p", R, E)
+        idx, wts = ws("moe_idx", R, k, np.int32), ws("moe_w", R, k)
+        ops.linear(h, L["router"], rl, R)
+        ops.moe_route(rl, k, cfg.norm_topk_prob, P, idx, wts, R)
+        mact, my = ws("moe_act", R * k, I), ws("moe_y", R * k, H)
+        ops.moe_up(h, L["G2"], L["U2"], idx, I, mact, R)
+        ops.moe_down(mact, L["D2"], idx, H, my, R)
+        sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
+        if L["shared"]:
+            S = cfg.shared_expert_intermediate_size
+            sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
+            ops.linear(h, L["sgu"], sgu, R)
+            ops.swiglu_act(sgu, S, sact, R)
+            ops.linear(sact, L["sdown"], sh, R)
+            ops.linear(h, L["sgate"], sgl, R)
+        ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
+        return mix
+
+    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot):
+        ops, cfg = self.ops, self.cfg
+        h = self.ws("h", R, cfg.hidden_size)
+        ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
+        if L["kind"] == LINEAR:
+            mix = self._gdn(L, li, h, R, cache, capture, caps)
+        else:
+            mix = self._attn(L, h, R, kc, vc, start)
+        ops.add(x, mix, x, R)
+        ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
+        mix = self._mlp(L, h, R)
+        ops.add(x, mix, x, R)
+        if flags is not None:
+            ops.nonfinite_flag(x, R, flags, slot)
+
+    def _flags(self):
+        return self.B.zeros((len(self.layers) + 3,), np.int32) if self.check_finite else None
+
+    def _raise_nonfinite(self, sess, flags, names):
+        if flags is None:
+            return
+        f = self.B.download(flags)
+        if f.any():
+            where = names[int(np.flatnonzero(f)[0])]
+            sess.poisoned = f"{where} produced NaN or Inf"
+            raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
+
+    def _trunk(self, sess, ids, logits_rows, capture=False):
+        """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
+        last ``logits_rows`` rows (all when None), hidden [R, H] backend clone)."""
+        ids = self.check_ids(ids)
+        R = len(ids)
+        self._check_session(sess, R)
+        c, cfg, ops = sess.cache, self.cfg, self.ops
+        start = c.pos
+        caps = None
+        if capture:
+            caps = sess.verify_caps
+            if caps.get("rows") != R:
+                caps.clear()
+                caps.update(rows=R, conv={}, rec={})
+                for li in cfg.gdn_layers:
+                    caps["conv"][li] = self.B.empty((R, max(c.kc1, 1), cfg.conv_dim))
+                    caps["rec"][li] = self.B.empty((R,) + tuple(c.rec[li].shape))
+            caps["start"] = start
+        x = self.ws("x", R, cfg.hidden_size)
+        ops.embed(self.B.upload(ids), self.embed, x)
+        flags = self._flags()
+        for li, L in enumerate(self.layers):
+            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li)
+        hf = self.ws("hf", R, cfg.hidden_size)
+        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
+        n = R if logits_rows is None else min(logits_rows, R)
+        logits = self.ws("logits", n, cfg.vocab_size)
+        ops.linear(hf[R - n:], self.lm_head, logits, n)
+        if flags is not None:
+            ops.nonfinite_flag(logits, n, flags, len(self.layers))
+        c.pos = start + R
+        out = self.B.download(logits[:n])
+        self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
+        hidden = self.B.clone(hf[:R])
+        sess.last_h = hidden[R - 1:R]
+        return out, hidden
+
+    def prime_chunk(self, sess, ids):
+        """Batched prime rows: (logits of the last row [V], hidden rows [R, H])."""
+        logits, hidden = self._trunk(sess, ids, 1)
+        return logits[0], hidden
+
+    def decode_step(self, sess, token):
+        """One row: (logits [V], hidden [1, H])."""
+        logits, hidden = self._trunk(sess, [int(token)], 1)
+        return logits[0], hidden
+
+    def target_step(self, sess, ids, capture=False):
+        """Verify rows: (logits [R, V], hidden [R, H]); ``capture`` keeps per-row DeltaNet state
+        for :meth:`rollback`."""
+        return self._trunk(sess, ids, None, capture)
+
+    def rollback(self, sess, keep: int) -> None:
+        """After ``target_step(..., capture=True)`` of R rows, keep only the first ``keep`` rows:
+        DeltaNet conv/recurrent state from row keep-1's capture, K/V length start + keep."""
+        caps = sess.verify_caps
+        if not caps or "start" not in caps:
+            raise PrimewalkError("rollback without a captured target step")
+        R, start = caps["rows"], caps["start"]
+        if not 1 <= keep <= R or sess.cache.pos != start + R:
+            raise PrimewalkError(f"rollback to {keep} of {R} captured rows is not possible here")
+        c = sess.cache
+        if keep < R:
+            for li in self.cfg.gdn_layers:
+                self.B.copy_into(c.conv[li], caps["conv"][li][keep - 1])
+                self.B.copy_into(c.rec[li], caps["rec"][li][keep - 1])
+            c.pos = start + keep
+        caps.pop("start")
+
+    # ---- MTP ---------------------------------------------------------------------------------
+    def require_mtp(self, what="the MTP head"):
+        if not self.has_mtp:
+            raise PrimewalkError(f"{self.ckpt.path or 'model'} has no MTP head (no mtp.* tensors); "
+                                 f"{what} needs one")
+
+    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None):
+        """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
+        hidden state of the position before). Writes the MTP K/V there. Returns (logits host
+        [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend)."""
+        self.require_mtp()
+        cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
+        ids = self.check_ids(tokens, "MTP tokens")
+        R, H = len(ids), cfg.hidden_size
+        if start + R > c.max_ctx:
+            raise InputError(f"MTP rows up to position {start + R - 1} exceed the cache capacity {c.max_ctx}")
+        e = self.ws("mtp_e", R, H)
+        ops.embed(self.B.upload(ids), self.embed, e)
+        cat = self.ws("mtp_cat", R, 2 * H)
+        ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
+        hin = hiddens if not isinstance(hiddens, np.ndarray) else self.B.upload(np.asarray(hiddens, F32))
+        ops.rmsnorm(hin, M["norm_h"], cfg.rms_norm_eps, cat, H, R)
+        x = self.ws("x", R, H)
+        ops.linear(cat, M["fc"], x, R)
+        flags = self._flags()
+        self._block(M["layer"], -1, x, R, start, c.mtp_k, c.mtp_v, c, False, None, flags, 0)
+        hf = self.ws("hf", R, H)
+        ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
+        n = R if logits_rows is None else min(logits_rows, R)
+        logits = self.ws("logits", n, cfg.vocab_size)
+        ops.linear(hf[R - n:], self.lm_head, logits, n)
+        out = self.B.download(logits[:n])
+        self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
+        return out, self.B.clone(hf[:R])
+
+    def mtp_fill(self, sess, tokens, hiddens):
+        """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
+        with hiddens[r] (trunk hidden of the position before)."""
+        c = sess.cache
+        n = len(tokens)
+        if c.mtp_len + n > c.pos + 1:
+            raise PrimewalkError(f"MTP fill of {n} rows at {c.mtp_len} runs ahead of the trunk ({c.pos})")
+        self.mtp_rows(sess, tokens, hiddens, c.mtp_len, logits_rows=1)
+        c.mtp_len += n
+
+    def mtp_draft(self, sess, tokens, hiddens, chain):
+        """One pass over the committed rows (filling the head's K/V; the last row must be the
+        pending token at the trunk's position), then ``chain`` greedy drafts, each fed by the
+        head's own output hidden. Returns the drafts."""
+        c = sess.cache
+        n = len(tokens)
+        if c.mtp_len + n != c.pos + 1:
+            raise PrimewalkError(f"MTP cache out of step: {c.mtp_len} + {n} rows vs trunk position {c.pos}")
+        if c.pos + chain > c.max_ctx:
+            raise InputError(f"MTP drafts up to position {c.pos + chain - 1} exceed the context limit {c.max_ctx}")
+        start = c.mtp_len
+        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1)
+        c.mtp_len = start + n
+        drafts = []
+        for i in range(chain):
+            d = int(np.argmax(logits[-1]))
+            drafts.append(d)
+            if i + 1 < chain:
+                logits, out = self.mtp_rows(sess, [d], out[out.shape[0] - 1:], start + n + i, logits_rows=1)
+        return drafts
