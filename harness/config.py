@@ -40,8 +40,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     # MLP: dense SwiGLU, or MoE on layers selected by decoder_sparse_step / mlp_only_layers
     intermediate_size: int = 5632
-    num_experts: int = 0
-    num_experts_per_tok: int = 1
+    num_experts: int = 512  # HF default; 0 = dense MLP everywhere
+    num_experts_per_tok: int = 10
     moe_intermediate_size: int = 512
     shared_expert_intermediate_size: int = 512
     norm_topk_prob: bool = True

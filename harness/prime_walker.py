@@ -15,6 +15,7 @@ from typing import Generic, NamedTuple, TypeVar
 log = logging.getLogger(__name__)
 
 Output = TypeVar("Output")
+T = TypeVar("T")
 
 
 class PrimeChunk(NamedTuple):
@@ -117,11 +118,12 @@ class GuardedWalker(PrimeWalker[Output]):
 
     def _check_usable(self) -> None:
         if self._poisoned_by is not None:
-            raise PrimeError(f"prime walker poisoned by an earlier error: {_one_line(self._poisoned_by)}")
+            cause = _one_line(self._poisoned_by)
+            raise PrimeError(f"prime walker poisoned by an earlier error: {cause}")
         if self._finished:
             raise PrimeError("prime walker already finished")
 
-    def _guarded(self, step: Callable[[], Output]) -> Output:
+    def _guarded(self, step: Callable[[], T]) -> T:
         try:
             return step()
         except BaseException as err:

@@ -27,19 +27,31 @@ TILE = exact.ATT_TILE
 dev = cuda.jit(device=True)
 
 
-@dev
-def fma(a, b, c):
-    return cuda.fma(F32(a), F32(b), F32(c))
+from numba.core import config as _nb_config  # noqa: E402
 
+SIMULATED = bool(_nb_config.ENABLE_CUDASIM)
 
-@dev
-def fmul(a, b):
-    return libdevice.fmul_rn(F32(a), F32(b))
+if not SIMULATED:
+    @dev
+    def fma(a, b, c):
+        return cuda.fma(F32(a), F32(b), F32(c))
 
+    @dev
+    def fmul(a, b):
+        return libdevice.fmul_rn(F32(a), F32(b))
 
-@dev
-def bits_to_f32(i):
-    return libdevice.int_as_float(np.int32(i))
+    @dev
+    def bits_to_f32(i):
+        return libdevice.int_as_float(np.int32(i))
+else:  # NUMBA_ENABLE_CUDASIM=1: libdevice is a stub there; the simulator is not exact anyway
+    def fma(a, b, c):
+        return F32(float(a) * float(b) + float(c))
+
+    def fmul(a, b):
+        return F32(a) * F32(b)
+
+    def bits_to_f32(i):
+        return np.array([i], np.int32).view(np.float32)[0]
 
 
 _B = exact.specialise({"fma": fma, "fmul": fmul, "bits_to_f32": bits_to_f32}, dev)

@@ -1,0 +1,247 @@
+"""``harness device-check``: every kernel on CUDA against its CPU twin, bit for bit.
+
+1. Each op runs on random inputs of several shapes — Qwen3-Next sizes included (hidden 2048,
+   16 key / 32 value heads × 128, attention 16 heads / 2 KV heads × 256, 512 experts top-10) —
+   once on the CPU twin and once on CUDA; outputs (and updated state) are compared bitwise, with
+   the max ulp distance reported where they differ.
+2. The tiny model and a larger random config run tokenwise, batched and split primes on both
+   backends; last-row logits, per-row logits and cache digests are compared across backends and
+   across schedules.
+
+The receipt (device, driver, commit, per-op and per-schedule verdicts) is written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+
+import numpy as np
+
+from .atomic import write_text_atomic
+from .errors import PrimewalkError
+
+F32 = np.float32
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """Max distance in units in the last place between two float32 arrays (NaN == NaN)."""
+    a = np.ascontiguousarray(a, F32).view(np.int32).astype(np.int64)
+    b = np.ascontiguousarray(b, F32).view(np.int32).astype(np.int64)
+    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)
+    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
+    return int(np.abs(a - b).max()) if a.size else 0
+
+
+def _r(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+def op_cases(rng, full: bool = True):
+    """(op, case id, args builder -> tuple of numpy args, indices of outputs to compare)."""
+    cases = []
+
+    def add(op, cid, args, outs):
+        cases.append((op, cid, args, outs))
+
+    for n in ([1 << 20] if full else [4096]):
+        x = np.concatenate([_r(rng, n - 8, scale=30.0), np.array([0, -0.0, 88.7, -103.9, 20, -20, 1e-8, -1e-8], F32)])
+        for op in ("map_exp", "map_sigmoid", "map_silu", "map_softplus"):
+            add(op, f"n{n}", (x, np.zeros_like(x)), [1])
+    lin = [(1, 2048, 8192 + 256), (7, 2048, 2048), (64, 2048, 5632), (3, 64, 260), (130, 97, 33)]
+    for R, K, N in (lin if full else lin[3:]):
+        add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
+    ids = rng.integers(0, 260, 9).astype(np.int32)
+    add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
+    for R, N in ([(5, 2048), (64, 64)] if full else [(64, 64)]):
+        add("rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32), N, R), [3])
+        add("add", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, R, N), np.zeros((R, N), F32), R), [2])
+    for R, H, D in ([(3, 32, 128), (20, 4, 16)] if full else [(20, 4, 16)]):
+        add("gated_rmsnorm", f"R{R}-H{H}-D{D}",
+            (_r(rng, R, H * D), _r(rng, R, 3 * H * D), 2 * H * D, H, D, _r(rng, D), F32(1e-6), np.zeros((R, H * D), F32), R), [7])
+    for R, H, D in ([(5, 16, 256), (7, 4, 16)] if full else [(7, 4, 16)]):
+        add("head_rmsnorm", f"R{R}-H{H}-D{D}",
+            (_r(rng, R, 3 * H * D), H * D, H, D, _r(rng, D, scale=0.1), F32(1e-6), np.zeros((R, H * D), F32), R), [6])
+        half = D // 8
+        n = 1200
+        ang = np.outer(np.arange(n), 10000.0 ** (-np.arange(half) * 2.0 / (2 * half)))
+        for start in (0, 1000):
+            add("rope", f"R{R}-H{H}-D{D}-p{start}",
+                (_r(rng, R, H * D), H, D, half, np.cos(ang).astype(F32), np.sin(ang).astype(F32), start, R), [0])
+        add("sigmoid_gate", f"R{R}-N{H * D}", (_r(rng, R, H * D), _r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [3])
+        add("swiglu_act", f"R{R}-I{H * D}", (_r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [2])
+    for C, K, R in ([(8192, 4, 1), (8192, 4, 65), (96, 3, 7)] if full else [(96, 3, 7), (40, 4, 2)]):
+        add("conv1d_silu", f"C{C}-K{K}-R{R}",
+            (_r(rng, R, C + 5), 5, _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32), R,
+             np.zeros((R, K - 1, C), F32), True), [3, 4, 6])
+    gd = [(16, 32, 128, 128, 1), (16, 32, 128, 128, 70), (3, 6, 16, 24, 9)]
+    for hk, nv, dk, dv, R in (gd if full else gd[2:]):
+        kd = hk * dk
+        add("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}-R{R}",
+            (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
+             _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32), np.zeros((R, kd), F32), np.zeros((R, nv), F32),
+             np.zeros((R, nv), F32), R), [9, 10, 11, 12])
+        q = _r(rng, R, kd, scale=dk ** -0.5)
+        k = _r(rng, R, kd, scale=dk ** -0.5)
+        add("gdn_recurrence", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}",
+            (q, k, _r(rng, R, 7 + nv * dv), 7, -np.abs(_r(rng, R, nv, scale=0.5)), rng.uniform(0, 1, (R, nv)).astype(F32),
+             _r(rng, nv, dk, dv, scale=0.1), np.zeros((R, nv * dv), F32), R, dk, dv, nv // hk,
+             np.zeros((R, nv, dk, dv), F32), True), [6, 7, 12])
+    att = [(16, 2, 256, 0, 70), (16, 2, 256, 500, 1), (16, 2, 256, 130, 5), (3, 1, 16, 60, 9)]
+    for hq, hkv, D, start, R in (att if full else att[3:]):
+        ctx = start + R
+        add("attention", f"Hq{hq}-Hkv{hkv}-D{D}-p{start}-R{R}",
+            (_r(rng, R, hq * D), _r(rng, ctx + 3, hkv * D), _r(rng, ctx + 3, hkv * D), np.zeros((R, hq * D), F32),
+             start, R, hq, hkv, D, F32(D ** -0.5)), [3])
+        add("kv_write", f"Hkv{hkv}-D{D}-p{start}-R{R}",
+            (_r(rng, R, 2 * hkv * D), hkv * D, _r(rng, R, hkv * D), 0, np.zeros((ctx, hkv * D), F32),
+             np.zeros((ctx, hkv * D), F32), start, R), [4, 5])
+    moe = [(4, 512, 10, 512, 2048, True), (6, 8, 2, 24, 64, False)]
+    for R, E, k, I, H, renorm in (moe if full else moe[1:]):
+        logits = _r(rng, R, E)
+        logits[0, 1] = logits[0, 3] = logits[0].max() + 1  # a tie: lowest index wins
+        add("moe_route", f"R{R}-E{E}-k{k}-renorm{int(renorm)}",
+            (logits, k, renorm, np.zeros((R, E), F32), np.zeros((R, k), np.int32), np.zeros((R, k), F32), R), [3, 4, 5])
+        idx = np.stack([rng.choice(E, k, replace=False) for _ in range(R)]).astype(np.int32)
+        add("moe_up", f"R{R}-E{E}-k{k}-I{I}-H{H}",
+            (_r(rng, R, H), _r(rng, E * I, H, scale=H ** -0.5), _r(rng, E * I, H, scale=H ** -0.5), idx, I,
+             np.zeros((R * k, I), F32), R), [5])
+        add("moe_down", f"R{R}-E{E}-k{k}-I{I}-H{H}",
+            (_r(rng, R * k, I), _r(rng, E * H, I, scale=I ** -0.5), idx, H, np.zeros((R * k, H), F32), R), [4])
+        add("moe_combine", f"R{R}-k{k}-H{H}",
+            (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
+             np.zeros((R, H), F32), R), [5])
+    bad = _r(rng, 4, 33)
+    bad[2, 7] = np.nan
+    add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
+    return cases
+
+
+def run_op_case(cpu_ops, cuda_ops, cuda, op, args, outs):
+    """Run one case on both targets; returns (equal, max ulp, cpu seconds, cuda seconds)."""
+    cargs = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    t0 = time.perf_counter()
+    getattr(cpu_ops, op)(*cargs)
+    t_cpu = time.perf_counter() - t0
+    dargs = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    getattr(cuda_ops, op)(*dargs)
+    cuda.synchronize()
+    dargs2 = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    t0 = time.perf_counter()
+    getattr(cuda_ops, op)(*dargs2)
+    cuda.synchronize()
+    t_gpu = time.perf_counter() - t0
+    equal, ulp = True, 0
+    for i in outs:
+        a, b = cargs[i], dargs2[i].copy_to_host()
+        if a.dtype == F32:
+            same = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+            if not same:
+                ulp = max(ulp, ulp_distance(a, b))
+        else:
+            same = np.array_equal(a, b)
+            if not same:
+                ulp = max(ulp, -1)
+        equal &= same
+    return equal, ulp, t_cpu, t_gpu
+
+
+def larger_config():
+    from .config import ModelConfig
+
+    return ModelConfig.from_dict(dict(
+        vocab_size=1024, hidden_size=512, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_conv_kernel_dim=4, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+        rope_parameters={"rope_theta": 1e6, "partial_rotary_factor": 0.25}, intermediate_size=1024,
+        num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+        decoder_sparse_step=2, norm_topk_prob=True, num_nextn_predict_layers=1))
+
+
+def schedule_runs(engine, ids):
+    """Logits (per row, tokenwise) and digests of tokenwise / batched / split primes."""
+    T = len(ids)
+    out = {}
+    s = engine.new_session(T + 8)
+    rows = [engine.decode_step(s, int(t))[0] for t in ids]
+    out["tokenwise"] = (np.stack(rows), s.cache.digest())
+    s = engine.new_session(T + 8)
+    logits, _ = engine.target_step(s, ids)
+    out["batched"] = (logits, s.cache.digest())
+    s = engine.new_session(T + 8)
+    a, b = T // 3, (2 * T) // 3
+    parts = [engine.target_step(s, ids[lo:hi])[0] for lo, hi in ((0, a), (a, b), (b, T))]
+    out["split3"] = (np.concatenate(parts), s.cache.digest())
+    return out
+
+
+def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0) -> dict:
+    from . import backend as bk
+    from .model import Engine
+    from .synth import random_tensors
+    from .weights import Checkpoint, load_checkpoint
+    from .models import default_model_path
+
+    cpu_b = bk.get_backend("cpu")
+    gpu_b = bk.get_backend("cuda")
+    rng = np.random.default_rng(seed)
+    ops_rows = []
+    t_all = time.perf_counter()
+    for op, cid, args, outs in op_cases(rng, full):
+        eq, ulp, tc, tg = run_op_case(cpu_b.ops, gpu_b.ops, gpu_b.cuda, op, args, outs)
+        ops_rows.append({"op": op, "case": cid, "verdict": "bitwise" if eq else "differs",
+                         "max_ulp": ulp, "cpu_s": round(tc, 6), "cuda_s": round(tg, 6)})
+        print(f"op {op:16s} {cid:36s} {'bitwise' if eq else f'DIFFERS max_ulp={ulp}'}", flush=True)
+    models = []
+    tiny = load_checkpoint(default_model_path())
+    big_cfg = larger_config()
+    big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
+    for name, ck, T in (("tiny", tiny, 130), ("larger-random", big, 97 if full else 40)):
+        ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, T).astype(np.int32)
+        res = {}
+        for bname in ("cpu", "cuda"):
+            eng = Engine(ck, bname)
+            t0 = time.perf_counter()
+            res[bname] = schedule_runs(eng, ids)
+            res[bname + "_s"] = time.perf_counter() - t0
+        for sched in ("tokenwise", "batched", "split3"):
+            lc, dc = res["cpu"][sched]
+            lg, dg = res["cuda"][sched]
+            lo, do = res["cpu"]["tokenwise"]
+            same = np.array_equal(lc.view(np.uint32), lg.view(np.uint32)) and dc == dg
+            inv = np.array_equal(lc.view(np.uint32), lo.view(np.uint32)) and dc == do
+            models.append({"model": name, "prompt_len": T, "schedule": sched,
+                           "cpu_vs_cuda": "bitwise" if same else "differs",
+                           "max_ulp": 0 if same else ulp_distance(lc, lg),
+                           "vs_tokenwise": "bitwise" if inv else "differs",
+                           "cpu_digest": dc, "cuda_digest": dg})
+            print(f"model {name:14s} T={T:4d} {sched:10s} cpu-vs-cuda {models[-1]['cpu_vs_cuda']} "
+                  f"schedule-invariant {models[-1]['vs_tokenwise']}", flush=True)
+    receipt = {
+        "kind": "device-check", "schema_version": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
+        "commit": commit, "full": full, "seed": seed,
+        "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
+        "summary": {
+            "ops": len(ops_rows), "ops_bitwise": sum(r["verdict"] == "bitwise" for r in ops_rows),
+            "schedules": len(models),
+            "schedules_bitwise": sum(r["cpu_vs_cuda"] == "bitwise" and r["vs_tokenwise"] == "bitwise" for r in models),
+        },
+    }
+    write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")
+    return receipt
+
+
+def main(args) -> int:
+    try:
+        r = device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed)
+    except PrimewalkError:
+        raise
+    s = r["summary"]
+    ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
+    print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
+          f"{s['schedules_bitwise']}/{s['schedules']} schedules bitwise; receipt {args.out}")
+    return 0 if ok else 1
