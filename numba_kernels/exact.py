@@ -70,7 +70,7 @@ def exp32(x):
         return INF
     if x < EXP_LO:
         return ZERO
-    n = math.floor(fmul(x, LOG2E) + HALF)  # noqa: F821
+    n = int(math.floor(fmul(x, LOG2E) + HALF))  # noqa: F821 (CUDA floor returns a float)
     nf = F32(n)
     r = fma(-nf, LN2_HI, x)  # noqa: F821
     r = fma(-nf, LN2_LO, r)  # noqa: F821
@@ -150,9 +150,10 @@ def dot_col(S, h, j, B, rb, bo, n):
 
 
 def rms_inv(X, r, off, n, eps):
-    """1 / sqrt(mean(x²) + eps) over X[r, off:off+n]."""
+    """1 / sqrt(mean(x²) + eps) over X[r, off:off+n], all in float32: ``eps`` is rounded to
+    float32 first (a Python float would make the CPU twin add, sqrt and divide in float64)."""
     ss = dot_rows(X, r, off, X, r, off, n)
-    return ONE / math.sqrt(ss / F32(n) + eps)
+    return ONE / math.sqrt(ss / F32(n) + F32(eps))
 
 
 def l2_inv(X, r, off, n):
