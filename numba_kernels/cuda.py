@@ -11,6 +11,7 @@ kernel on the default stream.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -20,7 +21,11 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
 from numba import cuda  # noqa: E402
 from numba.cuda import libdevice  # noqa: E402
 
+from numba.core.errors import NumbaPerformanceWarning  # noqa: E402
+
 from . import exact  # noqa: E402
+
+warnings.simplefilter("ignore", NumbaPerformanceWarning)  # small grids are expected for decode
 
 F32 = np.float32
 TILE = exact.ATT_TILE

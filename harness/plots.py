@@ -1,0 +1,424 @@
+"""Figures of a receipt, saved next to it: ``<stem>.<name>.png``.
+
+=================  ===========================================================================
+verdicts           grid: rows = prompt / K / sampling, columns = schedule variants; bitwise green,
+                   tolerance amber, fail red, missing grey
+acceptance         acceptance rate per draft position, a line per K
+acceptance_len     mean acceptance length (1 + accepted / drafts) vs K, a line per sampling
+prime_throughput   prime tokens/s per schedule variant and chunk size (median, min-max whiskers)
+decode             decode tokens/s, plain vs speculative, per K
+=================  ===========================================================================
+
+Figures are built on the Agg canvas under matplotlib's default style with sizes that depend
+only on the data, and saved at dpi 150 without a ``Software`` stamp, so identical receipts give
+identical bytes. A figure whose data the receipt lacks is skipped with a reason, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+
+import matplotlib.style
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from .atomic import write_bytes_atomic
+from .errors import PrimewalkError
+from .receipts import cell_order_key, read_receipt
+
+DPI = 150
+STATUS_COLOURS = {"bitwise": "#2ca02c", "tolerance": "#f2a900", "fail": "#d62728", "missing": "#c7c7c7"}
+CHUNK_COLOURS = ("#595959", "#006ba4", "#ff800e", "#5f9ed1", "#c85200", "#a2c8ec", "#ffbc79")
+_SEVERITY = ("bitwise", "tolerance", "fail")  # the worst verdict wins when two cells share a square
+
+
+class NoData(Exception):
+    """The receipt lacks what a figure draws; the message says what."""
+
+
+# ---------------------------------------------------------------------------------------------
+# labels
+
+
+def _cells(receipt: dict) -> list[dict]:
+    return sorted(receipt.get("cells") or [], key=cell_order_key)
+
+
+def _unique(values) -> list:
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _multi_chunk_variants(cells: list[dict]) -> set:
+    """Variants that ran at more than one chunk size: their labels show the chunk size."""
+    seen = {}
+    for c in cells:
+        seen.setdefault(c.get("variant"), set()).add(c.get("chunk_rows"))
+    return {v for v, chunks in seen.items() if len(chunks) > 1}
+
+
+def variant_label(cell: dict, show_chunk: bool = False) -> str:
+    """``split@64``, ``split+checkpoint@64,96``, ``batched c16``: the schedule of a cell.
+
+    Several numeric arguments are listed in increasing order (they are positions in the
+    prompt); otherwise as ``name=value`` sorted by name, so a receipt read back from JSON (keys
+    sorted) and the dict it was written from give the same label.
+    """
+    text = str(cell.get("variant"))
+    args = cell.get("variant_args") or {}
+    if len(args) == 1:
+        text += f"@{next(iter(args.values()))}"
+    elif args and all(isinstance(v, (int, float)) for v in args.values()):
+        text += "@" + ",".join(str(v) for v in sorted(args.values()))
+    elif args:
+        text += "@" + ",".join(f"{k}={args[k]}" for k in sorted(args))
+    if show_chunk:
+        text += f" c{cell['chunk_rows']}" if cell.get("chunk_rows") else " (no chunks)"
+    return text
+
+
+def _labeller(cells: list[dict]):
+    multi = _multi_chunk_variants(cells)
+    return lambda c: variant_label(c, c.get("variant") in multi)
+
+
+def schedule_labels(cells: list[dict]) -> dict:
+    """``{cell id: schedule label}`` as the figures label their columns (chunk size shown only
+    for variants that ran at several)."""
+    label = _labeller(cells)
+    return {c["id"]: label(c) for c in cells}
+
+
+def _distinguishing(cells: list[dict], key: list[str], candidates) -> list[str]:
+    """The candidate fields needed, besides ``key``, to tell rows apart (temperature only when
+    one sampling ran at several)."""
+    extra = []
+    for name in candidates:
+        seen = {}
+        for c in cells:
+            seen.setdefault(tuple(str(c.get(f)) for f in key + extra), set()).add(str(c.get(name)))
+        if any(len(v) > 1 for v in seen.values()):
+            extra.append(name)
+    return extra
+
+
+def _row_label(cell: dict, extra: list[str]) -> str:
+    parts = [f"{cell.get('prompt')} ({cell.get('prompt_len')} tok)" if cell.get("prompt_len") else
+             str(cell.get("prompt")), f"K={cell.get('k')}", str(cell.get("sampling"))]
+    parts += [f"{name}={cell.get(name)}" for name in extra]
+    return " · ".join(parts)
+
+
+def _subtitle(receipt: dict) -> str:
+    env = receipt.get("env") or {}
+    model = (receipt.get("model") or {}).get("name", "?")
+    return f"{model} on {env.get('device', '?')} ({env.get('backend', '?')})"
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(round(width, 2), round(height, 2)), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _clamp(v, lo, hi):
+    return max(lo, min(hi, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# figures
+
+
+def verdicts_figure(receipt: dict) -> Figure:
+    cells = _cells(receipt)
+    if not cells:
+        raise NoData("the receipt has no cells")
+    label = _labeller(cells)
+    extra = _distinguishing(cells, ["prompt", "k", "sampling"], ("model", "mode", "temperature", "seed"))
+    row_of = {id(c): _row_label(c, extra) for c in cells}
+    col_of = {id(c): label(c) for c in cells}
+    rows = _unique(row_of[id(c)] for c in cells)
+    cols = _unique(col_of[id(c)] for c in cells)
+    grid = {}
+    for c in cells:
+        key = (row_of[id(c)], col_of[id(c)])
+        if key not in grid or (_SEVERITY.index(c["verdict"]["status"])
+                               > _SEVERITY.index(grid[key]["verdict"]["status"])):
+            grid[key] = c
+    names = list(STATUS_COLOURS)
+    codes = [[names.index(grid[(r, k)]["verdict"]["status"]) if (r, k) in grid else names.index("missing")
+              for k in cols] for r in rows]
+
+    fig = _figure(_clamp(3.4 + 0.85 * len(cols), 7, 26), _clamp(2.4 + 0.3 * len(rows), 4, 40))
+    ax = fig.add_subplot()
+    cmap = ListedColormap([STATUS_COLOURS[n] for n in names])
+    ax.imshow(codes, cmap=cmap, norm=BoundaryNorm([i - 0.5 for i in range(len(names) + 1)], len(names)),
+              aspect="auto", interpolation="nearest")
+    for i, r in enumerate(rows):
+        for j, k in enumerate(cols):
+            c = grid.get((r, k))
+            if c is None:
+                continue
+            v = c["verdict"]
+            text = {"bitwise": "=", "tolerance": f"{v.get('max_ulp')} ulp", "fail": "fail"}[v["status"]]
+            if c.get("oracle") == c.get("id"):
+                text = "oracle"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="white" if v["status"] == "fail" else "black")
+    ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xticks([j - 0.5 for j in range(1, len(cols))], minor=True)
+    ax.set_yticks([i - 0.5 for i in range(1, len(rows))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("prefill schedule")
+    ax.set_ylabel("prompt · K · sampling")
+    ax.set_title(f"Verdict of each schedule against its oracle — {_subtitle(receipt)}", fontsize=10)
+    counts = {n: sum(row.count(names.index(n)) for row in codes) for n in names}
+    fig.legend(handles=[Patch(color=STATUS_COLOURS[n], label=f"{n} ({counts[n]})") for n in names],
+               loc="outside lower center", ncols=len(names), fontsize=8, frameon=False)
+    return fig
+
+
+def _by(cells, key):
+    groups = {}
+    for c in cells:
+        groups.setdefault(key(c), []).append(c)
+    return groups
+
+
+def acceptance_figure(receipt: dict) -> Figure:
+    cells = [c for c in _cells(receipt)
+             if (c.get("acceptance") or {}).get("per_position") and (c["acceptance"].get("drafts") or 0) > 0]
+    if not cells:
+        raise NoData("no cell has acceptance.per_position with drafts > 0")
+    samplings = _unique(c.get("sampling") for c in cells)
+    groups = _by(cells, lambda c: (c.get("k"), c.get("sampling")))
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot()
+    styles = ("-", "--", ":", "-.")
+    kmax = 0
+    for index, (k, sampling) in enumerate(sorted(groups, key=lambda g: (g[0], samplings.index(g[1])))):
+        group = groups[(k, sampling)]
+        n = len(group[0]["acceptance"]["per_position"])
+        drafts = sum(c["acceptance"]["drafts"] for c in group)
+        rates = [sum(c["acceptance"]["per_position"][i] * c["acceptance"]["drafts"] for c in group) / drafts
+                 for i in range(n)]
+        xs = list(range(1, n + 1))
+        kmax = max(kmax, n)
+        name = f"K={k}" + (f" {sampling}" if len(samplings) > 1 else "")
+        line, = ax.plot(xs, rates, marker="o", linestyle=styles[samplings.index(sampling) % len(styles)],
+                        label=name)
+        if len(groups) <= 3:  # values on the points while they stay legible
+            side = 1 if index % 2 == 0 else -1  # alternate sides so neighbouring lines' labels part
+            for x, y in zip(xs, rates):
+                ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points",
+                            xytext=(7, 3) if side > 0 else (-7, -11), ha="left" if side > 0 else "right",
+                            fontsize=7, color=line.get_color())
+    ax.set_xticks(range(1, kmax + 1))
+    ax.set_xlim(0.7, kmax + 0.5)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (accepted / drafts)")
+    ax.set_title(f"MTP acceptance rate per draft position — {_subtitle(receipt)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(title="drafts per step", fontsize=8, title_fontsize=8, loc="outside right upper")
+    return fig
+
+
+def acceptance_len_figure(receipt: dict) -> Figure:
+    cells = [c for c in _cells(receipt) if (c.get("acceptance") or {}).get("drafts")
+             and c["acceptance"].get("accepted") is not None]
+    if not cells:
+        raise NoData("no cell has acceptance.drafts and acceptance.accepted")
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot()
+    ks = sorted({c.get("k") for c in cells})
+    for sampling, group in _by(cells, lambda c: c.get("sampling")).items():
+        per_k = _by(group, lambda c: c.get("k"))
+        xs = sorted(per_k)
+        ys = [1 + sum(c["acceptance"]["accepted"] for c in per_k[k])
+              / sum(c["acceptance"]["drafts"] for c in per_k[k]) for k in xs]
+        line, = ax.plot(xs, ys, marker="o", label=str(sampling))
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(6, -12), fontsize=7,
+                        color=line.get_color())
+    ax.plot(ks, [k + 1 for k in ks], linestyle="--", color="grey", label="K + 1 (every draft accepted)")
+    ax.set_xticks(ks)
+    ax.set_xlim(min(ks) - 0.3, max(ks) + 0.4)
+    ax.set_ylim(0.9, max(ks) + 1.3)
+    ax.set_xlabel("K (drafts per step)")
+    ax.set_ylabel("mean acceptance length (1 + accepted / drafts)")
+    ax.set_title(f"Mean acceptance length vs K — {_subtitle(receipt)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(fontsize=8, loc="outside right upper")
+    return fig
+
+
+def _bars(ax, groups, colours):
+    """Median bars with min-max whiskers; value printed above each bar."""
+    for x, (values, colour) in enumerate(zip(groups, colours)):
+        med = statistics.median(values)
+        ax.bar(x, med, color=colour, width=0.7)
+        ax.errorbar(x, med, yerr=[[med - min(values)], [max(values) - med]], color="black", capsize=3,
+                    linewidth=0.8)
+        ax.annotate(f"{med:,.0f}" if med >= 10 else f"{med:.2g}", (x, max(values)),
+                    textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+
+
+def prime_throughput_figure(receipt: dict) -> Figure:
+    cells = [c for c in _cells(receipt)
+             if isinstance((c.get("timings") or {}).get("prime_tokens_per_s"), (int, float))]
+    if not cells:
+        raise NoData("no cell has timings.prime_tokens_per_s")
+    groups = _by(cells, _labeller(cells))
+    labels = list(groups)
+    chunks = sorted({c.get("chunk_rows") or 0 for c in cells})
+    colour_of = {ch: CHUNK_COLOURS[i % len(CHUNK_COLOURS)] for i, ch in enumerate(chunks)}
+    values = [[c["timings"]["prime_tokens_per_s"] for c in groups[label]] for label in labels]
+    colours = [colour_of[groups[label][0].get("chunk_rows") or 0] for label in labels]
+    fig = _figure(_clamp(2.5 + 0.7 * len(labels), 7, 24), 5)
+    ax = fig.add_subplot()
+    _bars(ax, values, colours)
+    flat = [v for vs in values for v in vs if v > 0]
+    if flat and max(flat) / min(flat) > 30:
+        ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_xlabel("prefill schedule")
+    ax.set_ylabel("prime tokens/s" + (" (log scale)" if ax.get_yscale() == "log" else ""))
+    ax.set_title(f"Prime throughput per schedule (median over prompts and K, whiskers min–max)\n"
+                 f"{_subtitle(receipt)}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(handles=[Patch(color=colour_of[ch], label=f"{ch} rows" if ch else "no chunks")
+                        for ch in chunks], title="chunk size", fontsize=8, title_fontsize=8,
+               loc="outside right upper")
+    return fig
+
+
+def decode_figure(receipt: dict) -> Figure:
+    def has(c, name):
+        return isinstance((c.get("timings") or {}).get(name), (int, float))
+
+    cells = [c for c in _cells(receipt) if has(c, "decode_tokens_per_s") or has(c, "spec_tokens_per_s")]
+    if not cells:
+        raise NoData("no cell has timings.decode_tokens_per_s or timings.spec_tokens_per_s")
+    samplings = _unique(c.get("sampling") for c in cells)
+    groups = _by(cells, lambda c: (c.get("k"), c.get("sampling")))
+    keys = sorted(groups, key=lambda g: (g[0], samplings.index(g[1])))
+    fig = _figure(_clamp(3 + 1.1 * len(keys), 7, 20), 4.5)
+    ax = fig.add_subplot()
+    width = 0.38
+    series = (("decode_tokens_per_s", "plain decode", "#7f7f7f", -width / 2),
+              ("spec_tokens_per_s", "speculative (MTP drafts)", "#1f77b4", width / 2))
+    medians = {}
+    for name, label, colour, dx in series:
+        xs, ys = [], []
+        for x, key in enumerate(keys):
+            vals = [c["timings"][name] for c in groups[key] if has(c, name)]
+            if vals:
+                xs.append(x + dx)
+                ys.append(statistics.median(vals))
+                medians[(key, name)] = ys[-1]
+        if xs:
+            ax.bar(xs, ys, width=width, color=colour, label=label)
+    for x, key in enumerate(keys):
+        plain, spec = medians.get((key, "decode_tokens_per_s")), medians.get((key, "spec_tokens_per_s"))
+        if plain and spec:
+            ax.annotate(f"×{spec / plain:.2f}", (x + width / 2, spec), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=8)
+    ax.set_xticks(range(len(keys)),
+                  [f"K={k}" + (f"\n{s}" if len(samplings) > 1 else "") for k, s in keys])
+    ax.margins(y=0.15)
+    ax.set_xlabel("K (drafts per step)")
+    ax.set_ylabel("decode tokens/s (median over cells)")
+    ax.set_title(f"Decode throughput: plain vs speculative (×: speed-up) — {_subtitle(receipt)}",
+                 fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+FIGURES = (
+    ("verdicts", verdicts_figure),
+    ("acceptance", acceptance_figure),
+    ("acceptance_len", acceptance_len_figure),
+    ("prime_throughput", prime_throughput_figure),
+    ("decode", decode_figure),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def render(receipt: dict, stem: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """Write every figure of ``receipt`` as ``<stem>.<name>.png``; returns (written, skipped)."""
+    written, skipped = [], []
+    with matplotlib.style.context("default"):
+        for name, build in FIGURES:
+            try:
+                fig = build(receipt)
+            except NoData as e:
+                skipped.append((name, str(e)))
+                continue
+            path = f"{stem}.{name}.png"
+            try:
+                write_bytes_atomic(path, png_bytes(fig))
+            except OSError as e:
+                raise PrimewalkError(f"cannot write {path}: {e.strerror or e}") from None
+            written.append(path)
+    return written, skipped
+
+
+def plot_receipt(path: str, quiet: bool = False) -> list[str]:
+    """Draw the figures of the receipt at ``path`` next to it; returns the PNG paths written.
+
+    A figure the receipt has no data for is skipped, with a note on stderr unless ``quiet``.
+    """
+    path = os.fspath(path)
+    receipt = read_receipt(path)
+    written, skipped = render(receipt, os.path.splitext(path)[0])
+    if not quiet:
+        for name, why in skipped:
+            print(f"plot: skipped {name}: {why}", file=sys.stderr)
+    return written
+
+
+def _cmd_plot(args) -> int:
+    try:
+        written = plot_receipt(args.receipt)
+    except PrimewalkError as e:
+        print(f"harness plot: error: {e}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``plot`` to an argparse ``subparsers``; its handler returns an exit code."""
+    p = subparsers.add_parser(
+        "plot", help="draw a receipt's figures as PNGs next to it",
+        description="Draw the verdict grid, acceptance and throughput figures of a receipt as "
+                    "<stem>.<figure>.png beside it; figures without data are skipped.",
+        epilog="examples:\n"
+               "  harness plot receipts/golden/default.json\n"
+               "  harness plot out/default.json && ls out/default.*.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("receipt", metavar="RECEIPT", help="receipt .json (or the .csv beside it)")
+    p.set_defaults(func=_cmd_plot)

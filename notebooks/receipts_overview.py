@@ -1,0 +1,110 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Receipts overview
+#
+# What a matrix receipt says: which run it is, the verdict of every schedule cell against its
+# oracle, and what drifted between two receipts (by default the golden CPU run and the device
+# run). This notebook only reads receipts; `harness run-matrix` writes them.
+
+# %%
+import os
+import sys
+from pathlib import Path
+
+
+def repo_root() -> Path:
+    """The primewalk checkout above the working directory (Jupyter starts in the notebook's folder)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "harness" / "receipts.py").is_file():
+            return folder
+    raise FileNotFoundError(f"no primewalk checkout (harness/receipts.py) above {Path.cwd()}")
+
+
+ROOT = repo_root()
+sys.path.insert(0, str(ROOT))
+
+# %% tags=["parameters"]
+# Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
+# override the defaults (the tests point them at synthetic receipts).
+RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/golden/default.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.json")
+
+# %%
+# %matplotlib inline
+import pandas as pd
+
+from harness.diff import diff_receipts
+from harness.plots import schedule_labels, verdicts_figure
+from harness.receipts import load, read_receipt
+
+path_a = ROOT / RECEIPT
+path_b = ROOT / RECEIPT_B
+if not path_b.exists():
+    print(f"note: no receipt at {path_b} yet; comparing {path_a} with itself")
+    path_b = path_a
+
+receipt_a = read_receipt(path_a)
+receipt_b = read_receipt(path_b)
+cells = load(receipt_a)
+cells["schedule"] = cells["id"].map(schedule_labels(receipt_a["cells"]))
+
+
+def describe(receipt: dict, path: Path) -> dict:
+    env = receipt["env"]
+    return {"receipt": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+            "created": receipt["created"], "backend": env.get("backend"), "device": env.get("device"),
+            "git": (env.get("git_sha") or "?")[:12] + (" (dirty)" if env.get("git_dirty") else ""),
+            "model": receipt["model"]["name"], "weights": receipt["model"]["weights_sha256"][:16],
+            "spec_hash": receipt["spec_hash"][:16], "cells": len(receipt["cells"])}
+
+
+pd.DataFrame([describe(receipt_a, path_a), describe(receipt_b, path_b)], index=["A", "B"]).T
+
+# %% [markdown]
+# ## Verdicts of receipt A
+#
+# One row per prompt, K and sampling; one column per prefill schedule. `bitwise` is the exact-mode
+# promise; `tolerance` is allowed only where a weaker contract is declared; `fail` is a bug.
+
+# %%
+print(cells["verdict.status"].value_counts().to_string())
+order = list(dict.fromkeys(cells["schedule"]))
+table = cells.pivot_table(index=["prompt", "k", "sampling"], columns="schedule",
+                          values="verdict.status", aggfunc="first", sort=False)
+table.reindex(columns=order).fillna("—")
+
+# %%
+not_bitwise = cells[cells["verdict.status"] != "bitwise"]
+if not_bitwise.empty:
+    print("every cell is bitwise equal to its oracle")
+not_bitwise[["id", "verdict.status", "verdict.max_abs", "verdict.max_ulp", "verdict.bound",
+             "verdict.detail"]]
+
+# %%
+verdicts_figure(receipt_a)
+
+# %% [markdown]
+# ## Drift between A and B
+#
+# Compared fields only (digests, verdicts, tapes, yields, continuations, acceptance counts).
+# Receipts of two backends are compared on their digests alone, as `harness diff --digests-only`
+# does: a verdict is judged per device, the numbers themselves must agree.
+
+# %%
+cross_device = receipt_a["env"].get("backend") != receipt_b["env"].get("backend")
+result = diff_receipts(receipt_a, receipt_b, digests_only=cross_device)
+print(result.summary)
+pd.DataFrame([{"cell": r.cell, "field": r.field, "A": r.a, "B": r.b, "note": r.note} for r in result.rows],
+             columns=["cell", "field", "A", "B", "note"])
