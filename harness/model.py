@@ -206,7 +206,6 @@ class Engine:
         self.has_mtp = ckpt.has_mtp
         self._ws: dict = {}
         self._rope_n = 0
-        self._sessions = 0
         self._prepare(ckpt.tensors)
 
     # ---- weights -----------------------------------------------------------------------------
@@ -281,12 +280,13 @@ class Engine:
             self._rope_n = n
 
     # ---- sessions ----------------------------------------------------------------------------
-    def new_session(self, max_ctx: int) -> Session:
-        if not isinstance(max_ctx, int) or max_ctx < 1:
+    def new_session(self, max_ctx: int, session_id: int = 0) -> Session:
+        """A fresh session of ``max_ctx`` positions. ``session_id`` keys the sampling counter
+        RNG (seed, session, position), so give sessions whose draws must match the same id."""
+        if not isinstance(max_ctx, (int, np.integer)) or max_ctx < 1:
             raise InputError(f"max_ctx must be a positive integer, got {max_ctx!r}")
-        self._ensure_rope(max_ctx)
-        self._sessions += 1
-        return Session(Cache(self, max_ctx), session_id=self._sessions)
+        self._ensure_rope(int(max_ctx))
+        return Session(Cache(self, int(max_ctx)), session_id=int(session_id))
 
     def check_ids(self, ids, what="prompt"):
         ids = np.asarray(ids)

@@ -56,7 +56,7 @@ def bits_to_f32(i):
     return _bits_to_f32(np.int32(i))
 
 
-_B = exact.specialise({"fma": fma, "fmul": fmul, "bits_to_f32": bits_to_f32}, njit)
+_B = exact.specialise({"fma": fma, "fmul": fmul, "bits_to_f32": bits_to_f32}, njit(cache=True))
 exp32 = _B["exp32"]
 log1p_unit = _B["log1p_unit"]
 sigmoid32 = _B["sigmoid32"]
@@ -79,25 +79,25 @@ TILE = exact.ATT_TILE
 # ------------------------------------------------------------------------------------------------
 # elementwise (vector forms used by tests and host code)
 # ------------------------------------------------------------------------------------------------
-@njit(cache=False)
+@njit(cache=True)
 def map_exp(x, out):
     for i in range(x.size):
         out[i] = exp32(x[i])
 
 
-@njit(cache=False)
+@njit(cache=True)
 def map_sigmoid(x, out):
     for i in range(x.size):
         out[i] = sigmoid32(x[i])
 
 
-@njit(cache=False)
+@njit(cache=True)
 def map_silu(x, out):
     for i in range(x.size):
         out[i] = silu32(x[i])
 
 
-@njit(cache=False)
+@njit(cache=True)
 def map_softplus(x, out):
     for i in range(x.size):
         out[i] = softplus32(x[i])
@@ -106,7 +106,7 @@ def map_softplus(x, out):
 # ------------------------------------------------------------------------------------------------
 # ops
 # ------------------------------------------------------------------------------------------------
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def linear(X, W, out, R):
     """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R. X: [≥R, K]; W: [N, K]; out: [≥R, N]."""
     N, K = W.shape
@@ -116,14 +116,14 @@ def linear(X, W, out, R):
         out[r, o] = dot_rows(X, r, 0, W, o, 0, K)
 
 
-@njit
+@njit(cache=True)
 def embed(ids, table, out):
     """out[r] = table[ids[r]]."""
     for r in range(ids.shape[0]):
         out[r, :] = table[ids[r], :]
 
 
-@njit
+@njit(cache=True)
 def rmsnorm(X, w, eps, out, oo, R):
     """Zero-centred RMSNorm over rows of X: [≥R, N]: out[r, oo + i] = x·inv·(1 + w)."""
     N = X.shape[1]
@@ -133,7 +133,7 @@ def rmsnorm(X, w, eps, out, oo, R):
             out[r, oo + i] = fmul(fmul(X[r, i], inv), F32(1.0) + w[i])
 
 
-@njit
+@njit(cache=True)
 def gated_rmsnorm(X, Z, zo, heads, D, w, eps, out, R):
     """Per head h: out[r, h·D + i] = x·inv·w[i]·silu(Z[r, zo + h·D + i]) over X[r, h·D : (h+1)·D]."""
     for r in range(R):
@@ -144,7 +144,7 @@ def gated_rmsnorm(X, Z, zo, heads, D, w, eps, out, R):
                 out[r, c] = fmul(fmul(fmul(X[r, c], inv), w[i]), silu32(Z[r, zo + c]))
 
 
-@njit
+@njit(cache=True)
 def add(X, Y, out, R):
     """out = X + Y over R rows."""
     N = X.shape[1]
@@ -153,7 +153,7 @@ def add(X, Y, out, R):
             out[r, i] = X[r, i] + Y[r, i]
 
 
-@njit
+@njit(cache=True)
 def swiglu_act(GU, I, out, R):
     """out[r, i] = silu(GU[r, i]) · GU[r, I + i] (gate ‖ up in one row)."""
     for r in range(R):
@@ -161,7 +161,7 @@ def swiglu_act(GU, I, out, R):
             out[r, i] = fmul(silu32(GU[r, i]), GU[r, I + i])
 
 
-@njit
+@njit(cache=True)
 def conv1d_silu(X, xo, W, state, out, R, cap, capture):
     """Causal depthwise conv + SiLU over channels of X[:, xo:xo+C]; state [K-1, C] updated."""
     C, K = W.shape
@@ -169,7 +169,7 @@ def conv1d_silu(X, xo, W, state, out, R, cap, capture):
         conv_channel(X, xo, W, state, out, c, R, K, cap, capture)
 
 
-@njit
+@njit(cache=True)
 def gdn_prep(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     """L2-normalise q and k per key head (q also · qscale) from QKV[:, :2kd]; beta = sigmoid(b),
     g = −exp(A_log)·softplus(a + dt_bias) from BA = [b (nv) ‖ a (nv)]."""
@@ -186,7 +186,7 @@ def gdn_prep(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R
             g[r, h] = fmul(-exp32(A_log[h]), softplus32(BA[r, nv + h] + dt_bias[h]))
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
     """Gated delta rule over R rows; value head h reads key head h // vpk. V[:, vo:] holds the
     values (a column window of the conv output)."""
@@ -197,7 +197,7 @@ def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
         gdn_column(Qn, Kn, V, vo, g, beta, S, out, h, j, h // vpk, dk, dv, R, cap, capture)
 
 
-@njit
+@njit(cache=True)
 def head_rmsnorm(X, xo, heads, D, w, eps, out, R):
     """Zero-centred RMSNorm per head of X[:, xo + h·D : xo + (h+1)·D] into out[:, h·D : ...]."""
     for r in range(R):
@@ -207,7 +207,7 @@ def head_rmsnorm(X, xo, heads, D, w, eps, out, R):
                 out[r, h * D + i] = fmul(fmul(X[r, xo + h * D + i], inv), F32(1.0) + w[i])
 
 
-@njit
+@njit(cache=True)
 def rope(X, heads, D, half, cos, sin, start, R):
     """RoPE in place on X[:, h·D : h·D + 2·half] for rows at positions start + r."""
     for r in range(R):
@@ -217,7 +217,7 @@ def rope(X, heads, D, half, cos, sin, start, R):
                 rope_pair(X, r, h * D + i, half, cos[p, i], sin[p, i])
 
 
-@njit
+@njit(cache=True)
 def kv_write(Kh, ko, Vh, vo, kc, vc, start, R):
     """Copy R rows of K (Kh[:, ko:ko+N]) and V (Vh[:, vo:vo+N]) into the caches
     ([max_ctx, N], N = Hkv·D) at rows start.."""
@@ -228,7 +228,7 @@ def kv_write(Kh, ko, Vh, vo, kc, vc, start, R):
             vc[start + r, c] = Vh[r, vo + c]
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale):
     """Causal GQA attention; query row r at position start + r, head h reads KV head
     h // (hq / hkv). Q: [R, hq·D]; kc, vc: [max_ctx, hkv·D]; out: [R, hq·D]."""
@@ -239,7 +239,7 @@ def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale):
         _attend(Q, kc, vc, out, r, h, h // rep, start + r, D, scale)
 
 
-@njit
+@njit(cache=True)
 def _attend(Q, kc, vc, out, r, h, kvh, pos, D, scale):
     qo = h * D
     ko = kvh * D
@@ -282,7 +282,7 @@ def _attend(Q, kc, vc, out, r, h, kvh, pos, D, scale):
         out[r, qo + d] = acc[d] / l
 
 
-@njit
+@njit(cache=True)
 def sigmoid_gate(O, G, go, out, R):
     """out[r, i] = O[r, i] · sigmoid(G[r, go + i])."""
     N = O.shape[1]
@@ -291,14 +291,14 @@ def sigmoid_gate(O, G, go, out, R):
             out[r, i] = fmul(O[r, i], sigmoid32(G[r, go + i]))
 
 
-@njit
+@njit(cache=True)
 def moe_route(L, topk, renorm, P, idx, wts, R):
     E = L.shape[1]
     for r in range(R):
         route_row(L, r, E, topk, renorm, P, idx, wts)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def moe_up(X, G2, U2, idx, I, act, R):
     """act[r·k + q, i] = silu(dot(x_r, G[e, i])) · dot(x_r, U[e, i]) for e = idx[r, q];
     G2, U2: [E·I, H]."""
@@ -313,7 +313,7 @@ def moe_up(X, G2, U2, idx, I, act, R):
         act[rq, i] = fmul(silu32(dot_rows(X, r, 0, G2, row, 0, H)), dot_rows(X, r, 0, U2, row, 0, H))
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def moe_down(act, D2, idx, H, y, R):
     """y[r·k + q, d] = dot(act[r·k + q], Dn[e, d]); D2: [E·H, I]."""
     k = idx.shape[1]
@@ -326,7 +326,7 @@ def moe_down(act, D2, idx, H, y, R):
         y[rq, d] = dot_rows(act, rq, 0, D2, e * H + d, 0, I)
 
 
-@njit
+@njit(cache=True)
 def moe_combine(y, wts, SH, sgl, shared, out, R):
     """out[r] = Σ_q wts[r, q]·y[r·k + q] (rank order, fma) then + sigmoid(sgl[r, 0])·SH[r]."""
     k = wts.shape[1]
@@ -342,7 +342,7 @@ def moe_combine(y, wts, SH, sgl, shared, out, R):
             out[r, d] = a
 
 
-@njit
+@njit(cache=True)
 def nonfinite_flag(X, R, flags, slot):
     """flags[slot] = 1 when X[:R] holds a NaN or Inf."""
     N = X.shape[1]
@@ -352,3 +352,37 @@ def nonfinite_flag(X, R, flags, slot):
             if v != v or v == np.inf or v == -np.inf:
                 flags[slot] = 1
                 return
+
+
+# ------------------------------------------------------------------------------------------------
+# host-side sampling helpers (float32, index order)
+# ------------------------------------------------------------------------------------------------
+@njit(cache=True)
+def normalise(e):
+    """e / Σe with the sum taken in index order."""
+    s = F32(0.0)
+    for i in range(e.size):
+        s = s + e[i]
+    out = np.empty_like(e)
+    for i in range(e.size):
+        out[i] = e[i] / s
+    return out
+
+
+@njit(cache=True)
+def draw_index(p, u):
+    """The first i whose running sum of p (index order) exceeds u · Σp; the last nonzero
+    index when rounding leaves the sum short."""
+    t = F32(0.0)
+    for i in range(p.size):
+        t = t + p[i]
+    target = fmul(u, t)
+    c = F32(0.0)
+    last = 0
+    for i in range(p.size):
+        if p[i] > F32(0.0):
+            last = i
+        c = c + p[i]
+        if c > target:
+            return i
+    return last

@@ -1,0 +1,157 @@
+"""Speculative decoding with the MTP head, and plain decoding to compare it with.
+
+After a prime (:class:`~harness.walker.PreparedPrime`) the trunk has processed the prompt and
+the boundary token ``x_T``; the next token ``x_{T+1}`` is picked from the boundary's logits. Each
+round then:
+
+1. ``mtp_draft``: one MTP pass over the rows not yet in the head's cache (row at position p pairs
+   the token at p with the trunk hidden row at p − 1; the last row is the pending token), then
+   ``K`` greedy drafts chained on the head's own output hidden;
+2. one ``target_step`` verifies the K + 1 rows ``[pending, d_1 … d_K]`` and captures per-row
+   DeltaNet state;
+3. accept the longest prefix where each draft equals the target's pick at that row (greedy), or
+   for temperature > 0 accept draft d with probability p(d) and otherwise draw from p with d
+   removed (standard speculative sampling for a point-mass draft), then the bonus token;
+4. roll the trunk back to the last accepted row (GDN state from the capture, K/V length).
+
+Greedy speculative output equals plain greedy decoding token for token: verify rows are bitwise
+the decode steps (exact mode), and argmax is a function of those bits.
+
+Metrics follow vLLM: ``drafts`` = speculation rounds, ``draft_tokens`` = rounds × K,
+``accepted`` = accepted draft tokens, mean acceptance length = 1 + accepted / drafts,
+per-position acceptance rate = fraction of rounds whose i-th draft was accepted, histogram of
+accepted counts (0..K).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import Sampling, counter_uniform, draw, pick, probs
+
+STREAM_ACCEPT, STREAM_RESAMPLE = 1, 2
+
+
+@dataclass
+class GenResult:
+    tokens: list
+    metrics: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def acceptance_metrics(k: int, rounds: list) -> dict:
+    """rounds: accepted count per speculation round."""
+    n = len(rounds)
+    acc = int(sum(rounds))
+    hist = [int(sum(1 for r in rounds if r == j)) for j in range(k + 1)]
+    per_pos = [float(sum(1 for r in rounds if r > i) / n) if n else 0.0 for i in range(k)]
+    return {"drafts": n, "draft_tokens": n * k, "accepted": acc,
+            "mean_acceptance_length": float(1.0 + acc / n) if n else 1.0,
+            "per_position": per_pos, "histogram": hist}
+
+
+def _verify(verify_logits, drafts, s: Sampling, session: int, pos0: int):
+    """Accepted count j and the bonus token, from the K+1 verify rows (row i at position pos0+i
+    picks the token at pos0 + i + 1)."""
+    k = len(drafts)
+    for i in range(k):
+        lg, d = verify_logits[i], drafts[i]
+        if s.greedy:
+            if int(np.argmax(lg)) != d:
+                return i, int(np.argmax(lg))
+            continue
+        p = probs(lg, s.temperature)
+        if counter_uniform(s.seed, session, pos0 + i + 1, STREAM_ACCEPT) < float(p[d]):
+            continue
+        p = p.copy()
+        p[d] = 0.0
+        if p.sum() <= 0:
+            return i, d
+        return i, draw(p, counter_uniform(s.seed, session, pos0 + i + 1, STREAM_RESAMPLE))
+    return k, pick(verify_logits[k], s, session, pos0 + k + 1)
+
+
+def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling: Sampling = None) -> GenResult:
+    """Speculative continuation after a prime: returns ``max_new_tokens`` tokens starting with the
+    boundary token."""
+    s = sampling or prepared.sampling
+    B = engine.B
+    t0 = time.perf_counter()
+    c = sess.cache
+    out = [prepared.boundary]
+    pending = pick(prepared.init_logits, s, sess.session_id, c.pos)
+    # rows the head still needs: (boundary, h_{T-1}) and (pending, h_T)
+    fill_tokens = [prepared.boundary, pending]
+    fill_h = np.concatenate([prepared.hiddens[-1:], B.download(prepared.init_h)], axis=0)
+    rounds = []
+    while len(out) < max_new_tokens:
+        out.append(pending)
+        if len(out) >= max_new_tokens:
+            break
+        kk = min(k, c.max_ctx - c.pos - 1)
+        if kk < 1:
+            raise engine_capacity_error(c)
+        drafts = engine.mtp_draft(sess, fill_tokens, fill_h, kk)
+        pos0 = c.pos
+        logits, hidden = engine.target_step(sess, [pending] + drafts, capture=True)
+        j, bonus = _verify(logits, drafts, s, sess.session_id, pos0)
+        engine.rollback(sess, j + 1)
+        rounds.append(j)
+        out.extend(drafts[:j])
+        fill_tokens = drafts[:j] + [bonus]
+        fill_h = B.download(hidden)[: j + 1]
+        pending = bonus
+    B.synchronize()
+    res = GenResult(out[:max_new_tokens], acceptance_metrics(k, rounds), time.perf_counter() - t0)
+    sess.committed.extend(res.tokens)
+    return res
+
+
+def engine_capacity_error(cache):
+    from .errors import InputError
+
+    return InputError(f"generation reached the cache capacity ({cache.max_ctx} positions)")
+
+
+def continue_plain(engine, sess, prepared, max_new_tokens: int, sampling: Sampling = None) -> GenResult:
+    """Plain decoding after a prime: one decode step per token."""
+    s = sampling or prepared.sampling
+    t0 = time.perf_counter()
+    c = sess.cache
+    out = [prepared.boundary]
+    nxt = pick(prepared.init_logits, s, sess.session_id, c.pos)
+    while len(out) < max_new_tokens:
+        out.append(nxt)
+        if len(out) >= max_new_tokens:
+            break
+        if c.pos >= c.max_ctx:
+            raise engine_capacity_error(c)
+        logits, _ = engine.decode_step(sess, nxt)
+        nxt = pick(logits, s, sess.session_id, c.pos)
+    engine.B.synchronize()
+    res = GenResult(out[:max_new_tokens], {}, time.perf_counter() - t0)
+    sess.committed.extend(res.tokens)
+    return res
+
+
+def generate(engine, prompt, max_new_tokens: int, k: int, sampling: Sampling = None, speculative=True,
+             max_ctx=None, **walker_kw):
+    """Prime ``prompt`` with the walker on a new session, then continue (speculatively with
+    K drafts, or plainly). Returns (GenResult, PrimeRun)."""
+    from .walker import run_prime
+
+    s = sampling or Sampling()
+    sess = engine.new_session(max_ctx or (len(prompt) + max_new_tokens + k + 8))
+    run = run_prime(engine, sess, prompt, k, sampling=s, **walker_kw)
+    if speculative:
+        res = continue_spec(engine, sess, run.prepared, max_new_tokens, k, s)
+    else:
+        res = continue_plain(engine, sess, run.prepared, max_new_tokens, s)
+    return res, run
