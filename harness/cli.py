@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_device_check)
 
+    p = sub.add_parser("device-walker", help="prime-walker check and speculative decoding on CUDA vs CPU, digests")
+    p.add_argument("--out", default="receipts/device/h200-walker.json", help="receipt path")
+    p.add_argument("--commit", default=os.environ.get("PRIMEWALK_COMMIT"), help="commit the tree is at (recorded)")
+    p.set_defaults(func=lambda a: __import__("harness.devicecheck", fromlist=["x"]).main_walker(a))
+
     for mod in ("walkcli", "matrix", "diff", "plots", "bench"):
         try:
             m = __import__(f"harness.{mod}", fromlist=["register"])

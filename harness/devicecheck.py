@@ -14,6 +14,7 @@ The receipt (device, driver, commit, per-op and per-schedule verdicts) is writte
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import time
 
@@ -244,4 +245,72 @@ def main(args) -> int:
     ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
     print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
           f"{s['schedules_bitwise']}/{s['schedules']} schedules bitwise; receipt {args.out}")
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------------------------------------------
+# walker, check and speculative decoding on both backends
+# ------------------------------------------------------------------------------------------------
+def walker_runs(engine, lengths, ks, seed=0):
+    """The prime-walker check, and greedy speculative vs plain generation, on one backend.
+    Returns {case id: {digests, verdicts}}."""
+    from .spec import generate
+    from .walker import check_mtp_prime_walker, logits_digest
+
+    out = {}
+    for T in lengths:
+        prompt = np.random.default_rng(seed + T).integers(0, engine.cfg.vocab_size, T).tolist()
+        for k in ks:
+            r = check_mtp_prime_walker(engine, prompt, k)
+            out[f"check/p{T}/k{k}"] = {"ok": r["ok"], "yields": r["yields"], "logits": r["logits_digest"],
+                                       "captures": r["capture_digest"],
+                                       "final_state": r["session"].cache.digest()}
+        plain, _ = generate(engine, prompt[:200], 24, 1, speculative=False)
+        for k in ks:
+            spec, run = generate(engine, prompt[:200], 24, k)
+            out[f"spec/p{min(T, 200)}/k{k}"] = {
+                "ok": spec.tokens == plain.tokens, "logits": logits_digest(run.prepared.logits),
+                "continuation": hashlib.sha256(np.array(spec.tokens, "<i8").tobytes()).hexdigest(),
+                "mean_acceptance_length": spec.metrics["mean_acceptance_length"]}
+    return out
+
+
+def device_walker(out_path, commit=None, lengths=(130, 257, 1000, 2061), ks=(1, 2, 3, 4)):
+    from . import backend as bk
+    from .model import Engine
+    from .models import default_model_path
+    from .weights import load_checkpoint
+
+    ck = load_checkpoint(default_model_path())
+    res, walls = {}, {}
+    for b in ("cpu", "cuda"):
+        t0 = time.perf_counter()
+        res[b] = walker_runs(Engine(ck, b), lengths, ks)
+        walls[b] = round(time.perf_counter() - t0, 2)
+    cases = []
+    for cid in res["cpu"]:
+        c, g = res["cpu"][cid], res["cuda"][cid]
+        dig = {k: v for k, v in c.items() if isinstance(v, str)}
+        same = all(g.get(k) == v for k, v in dig.items())
+        cases.append({"case": cid, "cpu_ok": c["ok"], "cuda_ok": g["ok"], "digests_equal": same,
+                      "cpu": c, "cuda": g})
+        print(f"{cid:18s} cpu {'PASS' if c['ok'] else 'FAIL'} cuda {'PASS' if g['ok'] else 'FAIL'} "
+              f"digests {'equal' if same else 'DIFFER'}", flush=True)
+    gpu = bk.get_backend("cuda")
+    receipt = {"kind": "device-walker", "schema_version": 1,
+               "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "device": gpu.device_name(), "driver": gpu.driver(), "cpu": bk.get_backend("cpu").device_name(),
+               "commit": commit, "model": "tiny", "weights_sha256": ck.sha256, "wall_s": walls, "cases": cases,
+               "summary": {"cases": len(cases), "all_pass": all(c["cpu_ok"] and c["cuda_ok"] for c in cases),
+                           "digests_equal": all(c["digests_equal"] for c in cases)}}
+    write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")
+    return receipt
+
+
+def main_walker(args) -> int:
+    r = device_walker(args.out, commit=args.commit)
+    s = r["summary"]
+    ok = s["all_pass"] and s["digests_equal"]
+    print(f"device-walker {'PASS' if ok else 'FAIL'}: {s['cases']} cases, all pass {s['all_pass']}, "
+          f"CPU/CUDA digests equal {s['digests_equal']}; receipt {args.out}")
     return 0 if ok else 1
