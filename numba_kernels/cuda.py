@@ -122,7 +122,8 @@ def _linear_k(X, W, out, R):
         out[r, o] = dot_rows(X, r, 0, W, o, 0, K)
 
 
-def linear(X, W, out, R):
+def linear_naive(X, W, out, R):
+    """One thread per output (the reference launch; :func:`linear` is the fast path)."""
     b, t = _grid(R * W.shape[0])
     _linear_k[b, t](X, W, out, R)
 
@@ -460,3 +461,6 @@ def _nonfinite_k(X, R, flags, slot):
 def nonfinite_flag(X, R, flags, slot):
     b, t = _grid(R * X.shape[1])
     _nonfinite_k[b, t](X, R, flags, slot)
+
+
+from .cuda_linear import linear  # noqa: E402,F401  (fast GEMV/GEMM in the same order)
