@@ -14,9 +14,10 @@ from .config import ModelConfig
 from .weights import mtp_shapes, trunk_shapes
 
 
-def random_tensors(cfg: ModelConfig, seed: int = 0, mtp: bool = True, scale: float = 1.0) -> dict:
+def random_tensors(cfg: ModelConfig, seed: int = 0, mtp: bool = True, scale: float = 1.0,
+                   trunk: bool = True) -> dict:
     rng = np.random.default_rng(seed)
-    shapes = trunk_shapes(cfg)
+    shapes = trunk_shapes(cfg) if trunk else {}
     if mtp:
         shapes.update(mtp_shapes(cfg))
     out = {}
