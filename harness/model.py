@@ -533,7 +533,7 @@ class Engine:
         if c.mtp_len + n != c.pos + 1:
             raise PrimewalkError(f"MTP cache out of step: {c.mtp_len} + {n} rows vs trunk position {c.pos}")
         if c.pos + chain > c.max_ctx:
-            raise InputError(f"MTP drafts up to position {c.pos + chain - 1} exceed the context limit {c.max_ctx}")
+            raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
         start = c.mtp_len
         logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1)
         c.mtp_len = start + n

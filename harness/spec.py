@@ -46,13 +46,18 @@ class GenResult:
         return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def acceptance_metrics(k: int, rounds: list) -> dict:
-    """rounds: accepted count per speculation round."""
+def acceptance_metrics(k: int, rounds: list, drafted: list | None = None) -> dict:
+    """rounds: accepted count per speculation round; drafted: drafts proposed per round (K,
+    fewer only near the cache capacity). Position i's rate counts the rounds that drafted it."""
     n = len(rounds)
+    drafted = drafted if drafted is not None else [k] * n
     acc = int(sum(rounds))
     hist = [int(sum(1 for r in rounds if r == j)) for j in range(k + 1)]
-    per_pos = [float(sum(1 for r in rounds if r > i) / n) if n else 0.0 for i in range(k)]
-    return {"drafts": n, "draft_tokens": n * k, "accepted": acc,
+    per_pos = []
+    for i in range(k):
+        tried = sum(1 for d in drafted if d > i)
+        per_pos.append(float(sum(1 for r in rounds if r > i) / tried) if tried else 0.0)
+    return {"drafts": n, "draft_tokens": int(sum(drafted)), "accepted": acc,
             "mean_acceptance_length": float(1.0 + acc / n) if n else 1.0,
             "per_position": per_pos, "histogram": hist}
 
@@ -90,7 +95,7 @@ def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling:
     # rows the head still needs: (boundary, h_{T-1}) and (pending, h_T)
     fill_tokens = [prepared.boundary, pending]
     fill_h = np.concatenate([prepared.hiddens[-1:], B.download(prepared.init_h)], axis=0)
-    rounds = []
+    rounds, drafted = [], []
     while len(out) < max_new_tokens:
         out.append(pending)
         if len(out) >= max_new_tokens:
@@ -104,12 +109,13 @@ def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling:
         j, bonus = _verify(logits, drafts, s, sess.session_id, pos0)
         engine.rollback(sess, j + 1)
         rounds.append(j)
+        drafted.append(kk)
         out.extend(drafts[:j])
         fill_tokens = drafts[:j] + [bonus]
         fill_h = B.download(hidden)[: j + 1]
         pending = bonus
     B.synchronize()
-    res = GenResult(out[:max_new_tokens], acceptance_metrics(k, rounds), time.perf_counter() - t0)
+    res = GenResult(out[:max_new_tokens], acceptance_metrics(k, rounds, drafted), time.perf_counter() - t0)
     sess.committed.extend(res.tokens)
     return res
 

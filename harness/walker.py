@@ -106,10 +106,10 @@ class MtpPrimeWalker(GuardedWalker):
         split = prime_split if prime_split is not None and 0 < prime_split < tp else None
         ckpt = sess.ckpt_at - base if sess.ckpt_at is not None else None
         ckpt = ckpt if ckpt is not None and 0 < ckpt < tp else None
-        sess.ckpt_at = None
         first = min([b for b in (split, ckpt) if b is not None], default=None)
         if split is not None and first == split and split < PRIME_MIN_T:
             raise InputError(f"MTP prime split {split} is below PRIME_MIN_T ({PRIME_MIN_T})")
+        sess.ckpt_at = None  # consumed only once every check has passed
         self.engine, self.sess, self.prompt, self.k = engine, sess, prompt, k
         self.sampling = sampling or Sampling()
         self.base, self.split, self.ckpt_rel = base, split, ckpt
