@@ -3,8 +3,10 @@
 The order (``exact.dot_rows``): K in slices of 32; an fma chain from +0 inside a slice; slice
 partials added left to right into an accumulator that starts at +0. Both kernels keep it:
 
-- ``gemv`` (few rows, decode): one warp per output column; lane l computes the partials of
-  slices l, l+32, …; the partials go through shared memory and are added in slice order.
+- ``gemv`` (≤ 4 rows, decode): one warp per output column. K is walked 1024 elements (32 slices)
+  at a time: the warp loads its weights and the block the input rows into padded shared memory
+  with coalesced reads, lane l computes slice l's partial, and the 32 partials are added in
+  slice order.
 - ``gemm`` (many rows, prime): 64×64 output tiles, 256 threads with 4×4 outputs each; K is
   staged through shared memory one 32-wide slice at a time, each thread's 16 slice partials are
   fma chains over the slice, then added to its accumulators.
@@ -32,25 +34,41 @@ def _gemv_k(X, W, out, R):
     w = tid >> 5
     o = cuda.blockIdx.x * GEMV_WARPS + w
     N, K = W.shape
-    ps = cuda.shared.array((GEMV_WARPS, 32), np.float32)
+    Ws = cuda.shared.array((GEMV_WARPS, 32, 33), np.float32)  # [warp, slice, element], padded
+    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 33), np.float32)
+    ps = cuda.shared.array((GEMV_WARPS, GEMV_MAX_ROWS, 32), np.float32)
+    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
+    for r in range(GEMV_MAX_ROWS):
+        acc[r] = F32(0.0)
     nsl = (K + SLICE - 1) // SLICE
-    for r in range(R):
-        acc = F32(0.0)
-        for base in range(0, nsl, 32):
-            s = base + lane
+    for base in range(0, nsl, 32):
+        k_base = base * SLICE
+        for idx in range(tid, R * 1024, 32 * GEMV_WARPS):
+            r = idx >> 10
+            rem = idx & 1023
+            gk = k_base + rem
+            Xs[r, rem >> 5, rem & 31] = X[r, gk] if gk < K else F32(0.0)
+        for j in range(32):
+            gk = k_base + j * 32 + lane
+            Ws[w, j, lane] = W[o, gk] if o < N and gk < K else F32(0.0)
+        cuda.syncthreads()
+        n_in = min(SLICE, K - (k_base + lane * SLICE))
+        for r in range(R):
             part = F32(0.0)
-            if s < nsl and o < N:
-                k0 = s * SLICE
-                k1 = min(k0 + SLICE, K)
-                for i in range(k0, k1):
-                    part = fma(X[r, i], W[o, i], part)
-            ps[w, lane] = part
-            cuda.syncthreads()
-            for src in range(min(32, nsl - base)):
-                acc = acc + ps[w, src]
-            cuda.syncthreads()
-        if lane == 0 and o < N:
-            out[r, o] = acc
+            for e in range(n_in):
+                part = fma(Xs[r, lane, e], Ws[w, lane, e], part)
+            ps[w, r, lane] = part
+        cuda.syncthreads()
+        m = min(32, nsl - base)
+        for r in range(R):
+            a = acc[r]
+            for src in range(m):
+                a = a + ps[w, r, src]
+            acc[r] = a
+        cuda.syncthreads()
+    if lane == 0 and o < N:
+        for r in range(R):
+            out[r, o] = acc[r]
 
 
 @cuda.jit
