@@ -84,8 +84,10 @@ class CudaBackend:
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()
-        name = d.name.decode() if isinstance(d.name, bytes) else str(d.name)
-        return f"cuda: {name} (cc {d.compute_capability[0]}.{d.compute_capability[1]})"
+        name = getattr(d, "name", "simulator")
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        cc = getattr(d, "compute_capability", None)
+        return f"cuda: {name}" + (f" (cc {cc[0]}.{cc[1]})" if cc else "")
 
     def driver(self):
         try:

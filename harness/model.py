@@ -96,6 +96,8 @@ class Cache:
         cfg, B = engine.cfg, engine.B
         self.cfg, self.B, self.fingerprint = cfg, B, engine.fingerprint
         self.max_ctx, self.pos, self.mtp_len = int(max_ctx), 0, 0
+        self.poisoned = None  # why the planes can no longer be trusted (NaN/Inf), until a restore
+        self.last_h = None  # backend [1, H]: trunk hidden row of the last processed position
         kvw = cfg.num_key_value_heads * cfg.head_dim
         self.conv, self.rec, self.k, self.v = {}, {}, {}, {}
         self.kc1 = cfg.linear_conv_kernel_dim - 1
@@ -137,7 +139,8 @@ class Cache:
     def snapshot(self) -> "Snapshot":
         """An owned copy of every plane (only the rows in use of the K/V planes)."""
         return Snapshot(self.fingerprint, self.pos, self.mtp_len,
-                        [(n, self.B.clone(a)) for n, a in self.planes()])
+                        [(n, self.B.clone(a)) for n, a in self.planes()],
+                        None if self.last_h is None else self.B.clone(self.last_h))
 
     def restore(self, snap: "Snapshot") -> None:
         if not isinstance(snap, Snapshot):
@@ -152,6 +155,8 @@ class Cache:
             assert name == sname
             if src.shape[0]:
                 self.B.copy_into(dst, src)
+        self.last_h = None if snap.last_h is None else self.B.clone(snap.last_h)
+        self.poisoned = None
 
 
 @dataclass
@@ -160,6 +165,7 @@ class Snapshot:
     pos: int
     mtp_len: int
     planes: list
+    last_h: object = None  # not part of the digest: the hidden row the next MTP fill pairs with
 
     def digest(self) -> str:
         h = hashlib.sha256(b"primewalk-cache/1\0")
@@ -181,14 +187,21 @@ class Session:
     boundary_captures: list = field(default_factory=list)
     turn_ckpt: object = None
     pending: int | None = None
-    last_h: object = None  # backend [1, H]: trunk hidden at the last processed position
     sample_counter: int = 0
     capture_at: int | None = None
     ckpt_at: int | None = None
     prime_ready: object = None
-    poisoned: str | None = None
     session_id: int = 0
     verify_caps: dict = field(default_factory=dict)  # per-row DeltaNet state of the last target step
+
+    @property
+    def last_h(self):
+        """Backend [1, H]: the trunk hidden row of the last processed position (or None)."""
+        return self.cache.last_h
+
+    @property
+    def poisoned(self):
+        return self.cache.poisoned
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,7 +303,9 @@ class Engine:
 
     def check_ids(self, ids, what="prompt"):
         ids = np.asarray(ids)
-        if ids.ndim != 1 or ids.size == 0:
+        if ids.ndim != 1:
+            raise InputError(f"{what}: expected a flat list of token ids, got shape {ids.shape}")
+        if ids.size == 0:
             raise InputError(f"{what} is empty")
         if not np.issubdtype(ids.dtype, np.integer):
             raise InputError(f"{what}: token ids must be integers")
@@ -301,8 +316,8 @@ class Engine:
         return ids.astype(np.int32)
 
     def _check_session(self, sess, rows):
-        if sess.poisoned:
-            raise InputError(f"session unusable: {sess.poisoned}; restore a snapshot or start a new session")
+        if sess.cache.poisoned:
+            raise InputError(f"session unusable: {sess.cache.poisoned}; restore a snapshot or start a new session")
         c = sess.cache
         if c.fingerprint != self.fingerprint:
             raise InputError("session cache belongs to a model with another config")
@@ -407,7 +422,7 @@ class Engine:
         f = self.B.download(flags)
         if f.any():
             where = names[int(np.flatnonzero(f)[0])]
-            sess.poisoned = f"{where} produced NaN or Inf"
+            sess.cache.poisoned = f"{where} produced NaN or Inf"
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
     def _trunk(self, sess, ids, logits_rows, capture=False):
@@ -444,7 +459,9 @@ class Engine:
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
         hidden = self.B.clone(hf[:R])
-        sess.last_h = hidden[R - 1:R]
+        c.last_h = hidden[R - 1:R]
+        if capture:
+            caps["hidden"] = hidden
         return out, hidden
 
     def prime_chunk(self, sess, ids):
@@ -477,6 +494,7 @@ class Engine:
                 self.B.copy_into(c.conv[li], caps["conv"][li][keep - 1])
                 self.B.copy_into(c.rec[li], caps["rec"][li][keep - 1])
             c.pos = start + keep
+            c.last_h = caps["hidden"][keep - 1:keep]
         caps.pop("start")
 
     # ---- MTP ---------------------------------------------------------------------------------

@@ -10,13 +10,65 @@ Shapes: R rows; arrays are C-contiguous float32 unless noted (ids, expert indice
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
+from numba.core import caching as _nb_caching
 from numba.core import types
 from numba.extending import intrinsic
 
 from . import exact
+
+
+# ------------------------------------------------------------------------------------------------
+# on-disk cache: keyed on both source files
+# ------------------------------------------------------------------------------------------------
+# Numba keys a cached function on the file that defines it, but every twin here has the bodies of
+# exact.py compiled into it (and the clones of those bodies have cpu.py's primitives compiled into
+# them): an edit to exact.py alone would load stale kernels from __pycache__. The twins' locators
+# therefore stamp both files' contents.
+_SOURCES = tuple(os.path.abspath(p) for p in (exact.__file__, __file__))
+
+
+def _sources_stamp() -> str:
+    h = hashlib.sha256()
+    for p in _SOURCES:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _twin_locator(base):
+    class TwinLocator(base):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if os.path.abspath(py_file) not in _SOURCES:
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return _sources_stamp()
+
+    TwinLocator.__name__ = TwinLocator.__qualname__ = "Twin" + base.__name__.lstrip("_")
+    return TwinLocator
+
+
+def _install_locators() -> None:
+    impl = getattr(_nb_caching, "CacheImpl", None) or _nb_caching._CacheImpl  # numba ≥ 0.62 / older
+    if any(getattr(c, "_primewalk_twin", False) for c in impl._locator_classes):
+        return
+    bases = [getattr(_nb_caching, n, None) or getattr(_nb_caching, "_" + n)
+             for n in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")]
+    mine = [_twin_locator(b) for b in bases]
+    for c in mine:
+        c._primewalk_twin = True
+    impl._locator_classes = mine + list(impl._locator_classes)
+
+
+_install_locators()
 
 
 @intrinsic

@@ -105,10 +105,22 @@ def log1p_unit(y):
 
 
 def sigmoid32(x):
+    """1 / (1 + e**-x); below −EXP_HI, where e**-x overflows, e**x itself (1 + e**x rounds to 1
+    there long before), so the subnormal tail is not flushed to 0."""
+    if x < -EXP_HI:
+        return exp32(x)
     return ONE / (ONE + exp32(-x))
 
 
 def silu32(x):
+    """x / (1 + e**-x); below −EXP_HI, where e**-x overflows, x·e**x as (x·h)·h with
+    h = e**(x/2) (normal down to x = 2·EXP_LO), so results there keep full precision; −0 at
+    x = −inf (the limit)."""
+    if x < -EXP_HI:
+        h = exp32(fmul(x, HALF))  # noqa: F821
+        if h == ZERO:
+            return -ZERO
+        return fmul(fmul(x, h), h)  # noqa: F821
     return x / (ONE + exp32(-x))
 
 
@@ -268,6 +280,7 @@ def specialise(primitives: dict, jit, bodies=None) -> dict:
     compiles a Python function for the target. Returns {name: compiled function}; later bodies
     see earlier ones (and the primitives and this module's constants) as globals."""
     ns = {k: v for k, v in globals().items() if k.isupper() or k in ("math", "np")}
+    ns["__name__"] = __name__  # numba rebuilds a cached function's environment from it
     ns.update(primitives)
     out = {}
     for f in bodies or BODIES:
