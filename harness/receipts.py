@@ -182,13 +182,17 @@ def env_info(backend: str, device: str | None = None, driver: str | None = None)
     """The ``env`` block of a receipt: code version, library versions, machine.
 
     ``git_sha`` / ``git_dirty`` describe the checkout this package was imported from (tracked
-    files only); both are None outside a git repository or without git. ``device`` defaults to
+    files only); outside a git repository they come from ``$PRIMEWALK_COMMIT`` (and
+    ``$PRIMEWALK_DIRTY``, non-empty = dirty) when set, else None. ``device`` defaults to
     the CPU's model name on the cpu backend. numba's version is read from package metadata, so
     this never imports numba.
     """
     here = os.path.dirname(os.path.abspath(__file__))
     sha = _git(["rev-parse", "--verify", "--quiet", "HEAD"], here)
     status = _git(["status", "--porcelain", "--untracked-files=no"], here)
+    if sha is None and os.environ.get("PRIMEWALK_COMMIT"):
+        # a copy of the tree without .git (e.g. on a GPU box): the caller names the commit
+        sha, status = os.environ["PRIMEWALK_COMMIT"], os.environ.get("PRIMEWALK_DIRTY", "")
     import numpy
 
     return {
