@@ -25,6 +25,8 @@ BM = BN = 64
 TM = TN = 4
 GEMV_MAX_ROWS = 4
 GEMV_WARPS = 4
+BM_PAD = BM + 1  # shared-memory shapes must be compile-time constants
+BN_PAD = BN + 1
 
 
 @cuda.jit
@@ -74,8 +76,8 @@ def _gemv_k(X, W, out, R):
 @cuda.jit
 def _gemm_k(X, W, out, R):
     N, K = W.shape
-    As = cuda.shared.array((SLICE, BM + 1), np.float32)  # padded: no bank conflicts on stores
-    Bs = cuda.shared.array((SLICE, BN + 1), np.float32)
+    As = cuda.shared.array((SLICE, BM_PAD), np.float32)  # padded: no bank conflicts on stores
+    Bs = cuda.shared.array((SLICE, BN_PAD), np.float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     tid = ty * 16 + tx

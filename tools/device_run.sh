@@ -11,12 +11,13 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 if [ "$what" = check ] || [ "$what" = all ]; then
-  python -m harness.cli device-check --out "$out/h200-device-check.json"
-  python -m harness.cli device-walker --out "$out/h200-walker.json"
-  t0=$(date +%s.%N)
-  python -m harness.cli run-matrix --backend cuda --out "$out/h200-default.json" --quiet || true
-  echo "run-matrix --backend cuda wall (process, compilation included): $(echo "$(date +%s.%N) - $t0" | bc) s" | tee "$out/matrix-wall.txt"
+  python -m harness.cli device-check --out "$out/h200-device-check.json" || echo "device-check exit $?"
+  python -m harness.cli device-walker --out "$out/h200-walker.json" || echo "device-walker exit $?"
+  t0=$(date +%s%N)
+  python -m harness.cli run-matrix --backend cuda --out "$out/h200-default.json" --quiet || echo "run-matrix exit $?"
+  t1=$(date +%s%N)
+  echo "run-matrix --backend cuda wall (process, compilation included): $(( (t1 - t0) / 1000000 )) ms" | tee "$out/matrix-wall.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python -m harness.cli bench --out "$out/h200-bench.json"
+  python -m harness.cli bench --out "$out/h200-bench.json" || echo "bench exit $?"
 fi
