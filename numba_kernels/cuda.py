@@ -11,9 +11,12 @@ kernel on the default stream.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import numpy as np
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # small grids are expected for decode
 
 if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
     np.row_stack = np.vstack
