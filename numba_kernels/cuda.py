@@ -256,7 +256,8 @@ def _gdn_k(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
         gdn_column(Qn, Kn, V, vo, g, beta, S, out, h, j, h // vpk, dk, dv, R, cap, capture)
 
 
-def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
+def gdn_recurrence_naive(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
+    """One thread per state column, state in global memory (the reference launch)."""
     b, t = _grid(S.shape[0] * dv, 64)
     _gdn_k[b, t](Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
 
@@ -467,3 +468,4 @@ def nonfinite_flag(X, R, flags, slot):
 
 
 from .cuda_linear import linear  # noqa: E402,F401  (fast GEMV/GEMM in the same order)
+from .cuda_gdn import gdn_recurrence  # noqa: E402,F401  (state in registers, same order)
