@@ -414,7 +414,23 @@ class Engine:
             ops.nonfinite_flag(x, R, flags, slot)
 
     def _flags(self):
-        return self.B.zeros((len(self.layers) + 3,), np.int32) if self.check_finite else None
+        """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero."""
+        if not self.check_finite:
+            return None
+        n = len(self.layers) + 3
+        if getattr(self, "_flag_buf", None) is None:
+            self._flag_buf, self._flag_zeros = self.B.zeros((n,), np.int32), np.zeros(n, np.int32)
+        self.B.copy_into(self._flag_buf, self._flag_zeros)
+        return self._flag_buf
+
+    def _upload_ids(self, ids):
+        """Token ids on the backend, through a reused buffer (no allocation per call)."""
+        buf = getattr(self, "_ids_buf", None)
+        if buf is None or buf.shape[0] < len(ids):
+            buf = self._ids_buf = self.B.empty((max(len(ids), 256),), np.int32)
+        view = buf[: len(ids)]
+        self.B.copy_into(view, np.ascontiguousarray(ids, np.int32))
+        return view
 
     def _raise_nonfinite(self, sess, flags, names):
         if flags is None:
@@ -427,7 +443,7 @@ class Engine:
 
     def _trunk(self, sess, ids, logits_rows, capture=False):
         """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
-        last ``logits_rows`` rows (all when None), hidden [R, H] backend clone)."""
+        last ``logits_rows`` rows (all when None), hidden [R, H], an owned backend array)."""
         ids = self.check_ids(ids)
         R = len(ids)
         self._check_session(sess, R)
@@ -444,7 +460,7 @@ class Engine:
                     caps["rec"][li] = self.B.empty((R,) + tuple(c.rec[li].shape))
             caps["start"] = start
         x = self.ws("x", R, cfg.hidden_size)
-        ops.embed(self.B.upload(ids), self.embed, x)
+        ops.embed(self._upload_ids(ids), self.embed, x)
         flags = self._flags()
         for li, L in enumerate(self.layers):
             self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li)
@@ -514,7 +530,7 @@ class Engine:
         if start + R > c.max_ctx:
             raise InputError(f"MTP rows up to position {start + R - 1} exceed the cache capacity {c.max_ctx}")
         e = self.ws("mtp_e", R, H)
-        ops.embed(self.B.upload(ids), self.embed, e)
+        ops.embed(self._upload_ids(ids), self.embed, e)
         cat = self.ws("mtp_cat", R, 2 * H)
         ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
         hin = hiddens if not isinstance(hiddens, np.ndarray) else self.B.upload(np.asarray(hiddens, F32))

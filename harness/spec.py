@@ -94,7 +94,7 @@ def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling:
     pending = pick(prepared.init_logits, s, sess.session_id, c.pos)
     # rows the head still needs: (boundary, h_{T-1}) and (pending, h_T)
     fill_tokens = [prepared.boundary, pending]
-    fill_h = np.concatenate([prepared.hiddens[-1:], B.download(prepared.init_h)], axis=0)
+    fill_h = np.concatenate([prepared.hiddens[-1:], prepared.init_h], axis=0)
     rounds, drafted = [], []
     while len(out) < max_new_tokens:
         out.append(pending)

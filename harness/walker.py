@@ -59,7 +59,7 @@ class PreparedPrime:
     logits: np.ndarray  # [V]: logits of the last prompt row
     boundary: int  # the token after the prompt (greedy or sampled)
     init_logits: np.ndarray  # [V]: logits after the target step on the boundary token
-    init_h: np.ndarray  # [1, H] backend array: hidden row of the boundary token
+    init_h: np.ndarray  # [1, H] float32: hidden row of the boundary token
     hiddens: np.ndarray  # [T, H] float32: hidden rows of the prompt
     k: int
     sampling: Sampling
@@ -218,6 +218,7 @@ class MtpPrimeWalker(GuardedWalker):
             sess.turn_ckpt = TurnCheckpoint(sess.cache.snapshot(), self.base + tp, self.hiddens[tp - 1].copy())
         boundary = pick(self.logits, self.sampling, sess.session_id, self.base + tp)
         init_logits, init_h = eng.target_step(sess, [boundary])
+        init_h = np.array(eng.B.download(init_h), np.float32)
         self.prepared = PreparedPrime(list(self.prompt), self.base, np.array(self.logits, np.float32), boundary,
                                       init_logits[0], init_h, self.hiddens, self.k, self.sampling)
 
