@@ -122,6 +122,56 @@ def torch_anchors(timer):
     return res, bw
 
 
+class OpProfile:
+    """Stands in for an engine's op module: synchronises around every op and adds its time to
+    its name, to see where a step's time goes (the sum exceeds the unprofiled step time by the
+    synchronisations)."""
+
+    def __init__(self, ops, sync):
+        self._ops, self._sync, self.times, self.calls = ops, sync, {}, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self._ops, name)
+
+        def timed(*a, **k):
+            self._sync()
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            self._sync()
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return r
+
+        return timed
+
+    def report(self, total_s):
+        rows = sorted(self.times.items(), key=lambda kv: -kv[1])
+        return {"total_s": total_s, "ops": {k: {"s": v, "calls": self.calls[k]} for k, v in rows}}
+
+
+def profile_steps(eng, ids4096, ids512):
+    """Per-op time of one 512-context decode step and of one 4096-token prime."""
+    out = {}
+    plain_ops = eng.ops
+    try:
+        for name, n, ids in (("decode_512", 512, ids512), ("prime_4096", 4096, ids4096)):
+            s = eng.new_session(n + 64)
+            if name.startswith("decode"):
+                eng.prime_chunk(s, ids)
+            prof = eng.ops = OpProfile(plain_ops, eng.B.synchronize)
+            t0 = time.perf_counter()
+            if name.startswith("decode"):
+                eng.decode_step(s, 1)
+            else:
+                eng.prime_chunk(s, ids)
+            eng.B.synchronize()
+            out[name] = prof.report(time.perf_counter() - t0)
+            eng.ops = plain_ops
+    finally:
+        eng.ops = plain_ops
+    return out
+
+
 def _fill_random_context(engine, sess, n, rng):
     """Pretend ``n`` positions are primed: random K/V rows and recurrent state (decode timing)."""
     c, B = sess.cache, engine.B
@@ -226,6 +276,7 @@ def ours(ck, ids4096, ids512, timer, quick):
                                               cfg.linear_value_head_dim, cfg.v_per_k, eng.cap_rec_dummy, False), reps=2)
     res["gdn_recurrence_share_of_prime"] = len(cfg.gdn_layers) * t_gdn / res["prime_4096_s"]
     res["peak_used_bytes"] = int(free0 - free_min)  # weights + workspace + caches, device-wide
+    res["profile"] = profile_steps(eng, ids4096, ids512)
     return eng, res
 
 
@@ -333,6 +384,9 @@ def table(r) -> str:
         out.append(f"ratio {k}: {v:.3f}" if isinstance(v, float) else f"ratio {k}: {v}")
     for k, v in r["goals"].items():
         out.append(f"goal {k}: {'met' if v else 'NOT met'}")
+    for step, p in m.get("profile", {}).items():
+        top = ", ".join(f"{k} {v['s'] * 1e3:.2f} ms/{v['calls']}" for k, v in list(p["ops"].items())[:6])
+        out.append(f"profile {step} ({p['total_s'] * 1e3:.1f} ms with syncs): {top}")
     return "\n".join(out)
 
 

@@ -361,7 +361,8 @@ def _attn_k(Q, kc, vc, out, start, hq, hkv, D, scale):
         out[r, qo + tid] = acc / l
 
 
-def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale):
+def attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale):
+    """One block per (row, head), tiles merged in order as they are computed."""
     nt = max(32, min(1024, ((D + 31) // 32) * 32))
     _attn_k[(R, hq), nt](Q, kc, vc, out, start, hq, hkv, D, F32(scale))
 
@@ -469,3 +470,4 @@ def nonfinite_flag(X, R, flags, slot):
 
 from .cuda_linear import linear  # noqa: E402,F401  (fast GEMV/GEMM in the same order)
 from .cuda_gdn import gdn_recurrence  # noqa: E402,F401  (state in registers, same order)
+from .cuda_attention import attention  # noqa: E402,F401  (split-KV for few rows, same order)
