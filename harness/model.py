@@ -239,7 +239,6 @@ class Engine:
                 "norm": up(t["mtp.norm.weight"]),
                 "layer": self._prep_layer(t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0)),
             }
-        self._noflags = self.B.zeros((1,), np.int32)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
 
@@ -250,8 +249,8 @@ class Engine:
              "post_norm": up(t[p + "post_attention_layernorm.weight"])}
         if kind == LINEAR:
             a = p + "linear_attn."
-            L.update(qkvzba=up(np.concatenate([t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)],
-                                               t[a + "in_proj_ba.weight"][ba_order(cfg)]])),
+            L.update(qkvz=up(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
+                     ba=up(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
                      conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
                      dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
                      out=up(t[a + "out_proj.weight"]))
@@ -330,9 +329,10 @@ class Engine:
         cfg, ops, ws = self.cfg, self.ops, self.ws
         kd, vd, cd, nv = cfg.key_dim, cfg.value_dim, cfg.conv_dim, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        qkvz = ws("qkvzba", R, cd + vd + 2 * nv)  # q ‖ k ‖ v ‖ z ‖ b ‖ a
-        ops.linear(h, L["qkvzba"], qkvz, R)
-        ba = qkvz[:, cd + vd:]
+        qkvz = ws("qkvz", R, cd + vd)
+        ops.linear(h, L["qkvz"], qkvz, R)
+        ba = ws("ba", R, 2 * nv)
+        ops.linear(h, L["ba"], ba, R)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
         mixed = ws("mixed", R, cd)
         ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
@@ -353,9 +353,13 @@ class Engine:
         hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
         ops.linear(h, L["qkv"], qkv, R)
-        q = ws("q", R, hq * D)
-        ops.qk_norm_rope_kv(qkv, hq, hkv, D, cfg.rotary_dim // 2, L["q_norm"], L["k_norm"], cfg.rms_norm_eps,
-                            self.cos, self.sin, start, q, kc, vc, R)
+        q, k = ws("q", R, hq * D), ws("k", R, hkv * D)
+        ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
+        ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
+        half = cfg.rotary_dim // 2
+        ops.rope(q, hq, D, half, self.cos, self.sin, start, R)
+        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R)
+        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R)
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)))
         gated = ws("att_g", R, hq * D)
@@ -394,20 +398,20 @@ class Engine:
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
         return mix
 
-    def _block(self, L, li, x, h, R, start, kc, vc, cache, capture, caps, flags, slot, next_w, h_out):
-        """One decoder layer on the residual ``x`` whose input norm ``h`` is already computed;
-        leaves ``x`` updated and ``h_out`` = rmsnorm(x)·(1 + next_w) for what comes next (the
-        next layer's input norm or the final norm), flagging NaN/Inf in ``x`` at ``slot``."""
+    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot):
         ops, cfg = self.ops, self.cfg
+        h = self.ws("h", R, cfg.hidden_size)
+        ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
         if L["kind"] == LINEAR:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
             mix = self._attn(L, h, R, kc, vc, start)
-        check = flags is not None
-        fl = flags if check else self._noflags
-        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, R, fl, slot, False)
+        ops.add(x, mix, x, R)
+        ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
         mix = self._mlp(L, h, R)
-        ops.add_rmsnorm(x, mix, next_w, cfg.rms_norm_eps, h_out, R, fl, slot, check)
+        ops.add(x, mix, x, R)
+        if flags is not None:
+            ops.nonfinite_flag(x, R, flags, slot)
 
     def _flags(self):
         """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero."""
@@ -458,12 +462,10 @@ class Engine:
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(self._upload_ids(ids), self.embed, x)
         flags = self._flags()
-        h, hf = self.ws("h", R, cfg.hidden_size), self.ws("hf", R, cfg.hidden_size)
-        ops.rmsnorm(x, self.layers[0]["in_norm"], cfg.rms_norm_eps, h, 0, R)
         for li, L in enumerate(self.layers):
-            last = li == len(self.layers) - 1
-            self._block(L, li, x, h, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li,
-                        self.final_norm if last else self.layers[li + 1]["in_norm"], hf if last else h)
+            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li)
+        hf = self.ws("hf", R, cfg.hidden_size)
+        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
         n = R if logits_rows is None else min(logits_rows, R)
         logits = self.ws("logits", n, cfg.vocab_size)
         ops.linear(hf[R - n:], self.lm_head, logits, n)
@@ -536,9 +538,9 @@ class Engine:
         x = self.ws("x", R, H)
         ops.linear(cat, M["fc"], x, R)
         flags = self._flags()
-        h, hf = self.ws("h", R, H), self.ws("hf", R, H)
-        ops.rmsnorm(x, M["layer"]["in_norm"], cfg.rms_norm_eps, h, 0, R)
-        self._block(M["layer"], -1, x, h, R, start, c.mtp_k, c.mtp_v, c, False, None, flags, 0, M["norm"], hf)
+        self._block(M["layer"], -1, x, R, start, c.mtp_k, c.mtp_v, c, False, None, flags, 0)
+        hf = self.ws("hf", R, H)
+        ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
         n = R if logits_rows is None else min(logits_rows, R)
         logits = self.ws("logits", n, cfg.vocab_size)
         ops.linear(hf[R - n:], self.lm_head, logits, n)

@@ -120,7 +120,6 @@ l2_inv = _B["l2_inv"]
 conv_channel = _B["conv_channel"]
 gdn_column = _B["gdn_column"]
 rope_pair = _B["rope_pair"]
-norm_rope_head = _B["norm_rope_head"]
 merge_scale = _B["merge_scale"]
 merge_acc = _B["merge_acc"]
 route_row = _B["route_row"]
@@ -195,37 +194,6 @@ def gated_rmsnorm(X, Z, zo, heads, D, w, eps, out, R):
             for i in range(D):
                 c = h * D + i
                 out[r, c] = fmul(fmul(fmul(X[r, c], inv), w[i]), silu32(Z[r, zo + c]))
-
-
-@njit(cache=True)
-def add_rmsnorm(X, M, w, eps, out, R, flags, slot, check):
-    """The residual add then the next zero-centred RMSNorm: X[r] += M[r] (in place), then
-    out[r] = rmsnorm(X[r]) · (1 + w); with ``check``, flags[slot] = 1 when X[:R] holds a NaN
-    or Inf after the add."""
-    N = X.shape[1]
-    for r in range(R):
-        for i in range(N):
-            X[r, i] = X[r, i] + M[r, i]
-    if check:
-        nonfinite_flag(X, R, flags, slot)
-    rmsnorm(X, w, eps, out, 0, R)
-
-
-@njit(cache=True)
-def qk_norm_rope_kv(QKV, hq, hkv, D, half, qw, kw, eps, cos, sin, start, Q, kc, vc, R):
-    """Attention inputs in one pass: per query head RMSNorm + RoPE into Q [R, hq·D]; per KV head
-    RMSNorm + RoPE of K straight into the cache row start + r, and V copied there. QKV rows are
-    queries ‖ gates ‖ keys ‖ values."""
-    ko = 2 * hq * D
-    vo = ko + hkv * D
-    for r in range(R):
-        p = start + r
-        for h in range(hq):
-            norm_rope_head(QKV, h * D, r, qw, eps, D, half, p, p, cos, sin, Q, h * D, r)
-        for h in range(hkv):
-            norm_rope_head(QKV, ko + h * D, r, kw, eps, D, half, p, p, cos, sin, kc, h * D, p)
-        for c in range(hkv * D):
-            vc[p, c] = QKV[r, vo + c]
 
 
 @njit(cache=True)

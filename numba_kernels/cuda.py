@@ -73,9 +73,6 @@ l2_inv = _B["l2_inv"]
 conv_channel = _B["conv_channel"]
 gdn_column = _B["gdn_column"]
 rope_pair = _B["rope_pair"]
-norm_rope_head = _B["norm_rope_head"]
-slice_dot = _B["slice_dot"]
-inv_from_sumsq = _B["inv_from_sumsq"]
 merge_scale = _B["merge_scale"]
 merge_acc = _B["merge_acc"]
 route_row = _B["route_row"]
@@ -149,90 +146,21 @@ def embed(ids, table, out):
     _embed_k[b, t](ids, table, out, R)
 
 
-SLICE = exact.SLICE
-MAX_NORM_SLICES = 1024  # rows up to 32768 wide
-
-
-@dev
-def _block_rms_inv(X, r, N, eps, ps, inv_s):
-    """rms_inv of row r with the block: thread t computes slices t, t + blockDim, …; thread 0
-    adds the slice partials in order (the canonical dot), the result is broadcast."""
-    tid = cuda.threadIdx.x
-    nsl = (N + SLICE - 1) // SLICE
-    for sl in range(tid, nsl, cuda.blockDim.x):
-        k0 = sl * SLICE
-        ps[sl] = slice_dot(X, r, 0, X, r, 0, k0, min(k0 + SLICE, N))
-    cuda.syncthreads()
-    if tid == 0:
-        acc = F32(0.0)
-        for sl in range(nsl):
-            acc = acc + ps[sl]
-        inv_s[0] = inv_from_sumsq(acc, N, eps)
-    cuda.syncthreads()
-    return inv_s[0]
-
-
 @cuda.jit
 def _rmsnorm_k(X, w, eps, out, oo, R):
     r = cuda.blockIdx.x
-    ps = cuda.shared.array(MAX_NORM_SLICES, np.float32)
     inv_s = cuda.shared.array(1, np.float32)
     N = X.shape[1]
-    inv = _block_rms_inv(X, r, N, eps, ps, inv_s)
+    if cuda.threadIdx.x == 0:
+        inv_s[0] = rms_inv(X, r, 0, N, eps)
+    cuda.syncthreads()
+    inv = inv_s[0]
     for i in range(cuda.threadIdx.x, N, cuda.blockDim.x):
         out[r, oo + i] = fmul(fmul(X[r, i], inv), F32(1.0) + w[i])
 
 
 def rmsnorm(X, w, eps, out, oo, R):
     _rmsnorm_k[R, TPB](X, w, F32(eps), out, oo, R)
-
-
-@cuda.jit
-def _add_rmsnorm_k(X, M, w, eps, out, flags, slot, check):
-    r = cuda.blockIdx.x
-    ps = cuda.shared.array(MAX_NORM_SLICES, np.float32)
-    inv_s = cuda.shared.array(1, np.float32)
-    N = X.shape[1]
-    bad = False
-    for i in range(cuda.threadIdx.x, N, cuda.blockDim.x):
-        v = X[r, i] + M[r, i]
-        X[r, i] = v
-        if v != v or v == np.inf or v == -np.inf:
-            bad = True
-    if check and bad:
-        flags[slot] = 1
-    cuda.syncthreads()
-    inv = _block_rms_inv(X, r, N, eps, ps, inv_s)
-    for i in range(cuda.threadIdx.x, N, cuda.blockDim.x):
-        out[r, i] = fmul(fmul(X[r, i], inv), F32(1.0) + w[i])
-
-
-def add_rmsnorm(X, M, w, eps, out, R, flags, slot, check):
-    _add_rmsnorm_k[R, TPB](X, M, w, F32(eps), out, flags, slot, check)
-
-
-@cuda.jit
-def _qk_norm_rope_kv_k(QKV, hq, hkv, D, half, qw, kw, eps, cos, sin, start, Q, kc, vc, R):
-    i = cuda.grid(1)
-    nh = hq + hkv
-    ko = 2 * hq * D
-    if i < R * nh:
-        r = i // nh
-        h = i - r * nh
-        p = start + r
-        if h < hq:
-            norm_rope_head(QKV, h * D, r, qw, eps, D, half, p, p, cos, sin, Q, h * D, r)
-        else:
-            h -= hq
-            norm_rope_head(QKV, ko + h * D, r, kw, eps, D, half, p, p, cos, sin, kc, h * D, p)
-            vo = ko + hkv * D + h * D
-            for c in range(D):
-                vc[p, h * D + c] = QKV[r, vo + c]
-
-
-def qk_norm_rope_kv(QKV, hq, hkv, D, half, qw, kw, eps, cos, sin, start, Q, kc, vc, R):
-    b, t = _grid(R * (hq + hkv), 32)
-    _qk_norm_rope_kv_k[b, t](QKV, hq, hkv, D, half, qw, kw, F32(eps), cos, sin, start, Q, kc, vc, R)
 
 
 @cuda.jit

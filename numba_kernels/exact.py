@@ -161,33 +161,11 @@ def dot_col(S, h, j, B, rb, bo, n):
     return acc
 
 
-def slice_dot(A, ra, ao, B, rb, bo, k0, k1):
-    """One slice of the canonical dot: the fma chain over i in [k0, k1) from +0."""
-    part = ZERO
-    for i in range(k0, k1):
-        part = fma(A[ra, ao + i], B[rb, bo + i], part)  # noqa: F821
-    return part
-
-
-def inv_from_sumsq(ss, n, eps):
-    """1 / sqrt(ss / n + eps) in float32 (``eps`` rounded to float32 first: a Python float
-    would make the CPU twin add, sqrt and divide in float64)."""
-    return ONE / math.sqrt(ss / F32(n) + F32(eps))
-
-
 def rms_inv(X, r, off, n, eps):
-    """1 / sqrt(mean(x²) + eps) over X[r, off:off+n], all in float32."""
-    return inv_from_sumsq(dot_rows(X, r, off, X, r, off, n), n, eps)
-
-
-def norm_rope_head(X, xo, r, w, eps, D, half, c_row, s_row, cos, sin, out, oo, ro):
-    """Zero-centred RMSNorm of X[r, xo:xo+D] into out[ro, oo:oo+D], then rotate-half RoPE in
-    place on its first 2·half dims with cos[c_row], sin[s_row] (the same position)."""
-    inv = rms_inv(X, r, xo, D, eps)
-    for i in range(D):
-        out[ro, oo + i] = fmul(fmul(X[r, xo + i], inv), ONE + w[i])  # noqa: F821
-    for i in range(half):
-        rope_pair(out, ro, oo + i, half, cos[c_row, i], sin[s_row, i])
+    """1 / sqrt(mean(x²) + eps) over X[r, off:off+n], all in float32: ``eps`` is rounded to
+    float32 first (a Python float would make the CPU twin add, sqrt and divide in float64)."""
+    ss = dot_rows(X, r, off, X, r, off, n)
+    return ONE / math.sqrt(ss / F32(n) + F32(eps))
 
 
 def l2_inv(X, r, off, n):
@@ -290,9 +268,8 @@ def route_row(L, r, E, topk, renorm, P, idx, wts):
 
 
 BODIES = [
-    pow2, exp32, log1p_unit, sigmoid32, silu32, softplus32, dot_rows, dot_col, slice_dot,
-    inv_from_sumsq, rms_inv, l2_inv, conv_channel, gdn_column, rope_pair, norm_rope_head,
-    merge_scale, merge_acc, route_row,
+    pow2, exp32, log1p_unit, sigmoid32, silu32, softplus32, dot_rows, dot_col, rms_inv, l2_inv,
+    conv_channel, gdn_column, rope_pair, merge_scale, merge_acc, route_row,
 ]
 
 
