@@ -39,8 +39,10 @@ sys.path.insert(0, str(ROOT))
 # %% tags=["parameters"]
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
 # override the defaults (the tests point them at synthetic receipts).
-RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/golden/default.json")
-RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.json")
+# Default: the trained stdlib-small model (its MTP head has learned, so acceptance means
+# something) on the H200, against the same matrix on the CPU twin.
+RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/device/h200-stdlib.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/stdlib/cpu.json")
 
 # %%
 # %matplotlib inline
