@@ -46,3 +46,19 @@ def test_device_receipt_matches_the_golden_digests():
     assert device["env"]["backend"] == "cuda", "the device receipt was not recorded on the cuda backend"
     result = diff_receipts(golden, device, digests_only=True)
     assert result.exit_code == 0, _explain(result)
+
+
+STDLIB_CPU = os.path.join(REPO, "receipts", "stdlib", "cpu.json")
+STDLIB_CUDA = os.path.join(REPO, "receipts", "device", "h200-stdlib.json")
+
+
+def test_stdlib_acceptance_receipts_agree_across_devices():
+    """The trained model's acceptance matrix: the H200 run and the CPU-twin run of the same spec
+    and weights have equal digests in every cell (the receipts are committed; no compute here)."""
+    for path in (STDLIB_CPU, STDLIB_CUDA):
+        assert os.path.exists(path), f"{os.path.relpath(path, REPO)} is missing (harness run-matrix --spec harness/specs/stdlib.toml)"
+    cpu, cuda = read_receipt(STDLIB_CPU), read_receipt(STDLIB_CUDA)
+    assert cpu["env"]["backend"] == "cpu" and cuda["env"]["backend"] == "cuda"
+    assert all(c["verdict"]["status"] == "bitwise" for c in cpu["cells"] + cuda["cells"])
+    result = diff_receipts(cpu, cuda, digests_only=True)
+    assert result.exit_code == 0, _explain(result)
