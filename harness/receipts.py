@@ -208,6 +208,18 @@ def env_info(backend: str, device: str | None = None, driver: str | None = None)
     }
 
 
+def receipt_pair(root, a, b):
+    """The two receipt paths a notebook compares (relative to ``root`` or absolute). When ``b``
+    does not exist yet, ``a`` is compared with itself and a note says so."""
+    from pathlib import Path
+
+    path_a, path_b = Path(root) / a, Path(root) / b
+    if not path_b.exists():
+        print(f"note: no receipt at {path_b} yet; comparing {path_a} with itself")
+        path_b = path_a
+    return path_a, path_b
+
+
 def utc_now() -> str:
     """The ``created`` stamp: UTC, seconds, ``2026-11-29T17:00:00Z``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -49,13 +49,9 @@ RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/stdlib/cpu.json")
 import pandas as pd
 
 from harness.plots import acceptance_figure, acceptance_len_figure
-from harness.receipts import load, read_receipt
+from harness.receipts import load, read_receipt, receipt_pair
 
-path_a = ROOT / RECEIPT
-path_b = ROOT / RECEIPT_B
-if not path_b.exists():
-    print(f"note: no receipt at {path_b} yet; comparing {path_a} with itself")
-    path_b = path_a
+path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 
 receipt_a = read_receipt(path_a)
 cells = load(receipt_a)

@@ -47,13 +47,9 @@ RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.
 import pandas as pd
 
 from harness.plots import decode_figure, prime_throughput_figure, schedule_labels
-from harness.receipts import load, read_receipt
+from harness.receipts import load, read_receipt, receipt_pair
 
-path_a = ROOT / RECEIPT
-path_b = ROOT / RECEIPT_B
-if not path_b.exists():
-    print(f"note: no receipt at {path_b} yet; comparing {path_a} with itself")
-    path_b = path_a
+path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 
 
 def frame(path: Path) -> tuple[dict, pd.DataFrame]:
