@@ -130,7 +130,8 @@ class Hyper:
     warmup: int = 200
     weight_decay: float = 0.1
     clip: float = 1.0
-    mtp_weight: float = 0.3  # DeepSeek-V3's lambda
+    mtp_weight: float = 0.3  # the weight of each MTP depth: DeepSeek-V3's lambda / D
+    mtp_depth: int = 3  # chained depths trained (the engine drafts K tokens with one layer)
     eval_every: int = 250
     log_every: int = 25
     eval_windows: int = 32  # held-out windows in the periodic evaluation
@@ -356,7 +357,10 @@ class MTPAttention(nn.Module):
         self.q_norm = ZeroRMSNorm(hd, d["rms_norm_eps"])
         self.k_norm = ZeroRMSNorm(hd, d["rms_norm_eps"])
 
-    def forward(self, x, cos, sin, rot):
+    def forward(self, x, cos, sin, rot, prev=()):
+        """``prev``: the (k, v) of the earlier depths of a chain (see :func:`chained_attention`);
+        empty for depth 1 (plain causal attention). Returns (output, (k, v)), k/v [B, kv heads, R,
+        head_dim] after RoPE."""
         B, R, _ = x.shape
         qg = self.q_proj(x).view(B, R, self.nh, 2 * self.hd)
         q, gate = qg[..., :self.hd], qg[..., self.hd:].reshape(B, R, self.nh * self.hd)
@@ -365,12 +369,56 @@ class MTPAttention(nn.Module):
         v = self.v_proj(x).view(B, R, self.nkv, self.hd).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = apply_rope(q, cos, sin, rot), apply_rope(k, cos, sin, rot)
-        if self.nh != self.nkv:
-            k = k.repeat_interleave(self.nh // self.nkv, dim=1)
-            v = v.repeat_interleave(self.nh // self.nkv, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v.to(q.dtype), is_causal=True)
+        v = v.to(q.dtype)
+        rep = self.nh // self.nkv
+
+        def heads(t):
+            return t.repeat_interleave(rep, dim=1) if rep != 1 else t
+
+        if prev:
+            o = chained_attention(q, [heads(a) for a, _ in prev] + [heads(k)],
+                                  [heads(b) for _, b in prev] + [heads(v)])
+        else:
+            o = F.scaled_dot_product_attention(q, heads(k), heads(v), is_causal=True)
         o = o.transpose(1, 2).reshape(B, R, self.nh * self.hd)
-        return self.o_proj(o * torch.sigmoid(gate))
+        return self.o_proj(o * torch.sigmoid(gate)), (k, v)
+
+
+def _wide(z):
+    """float32 for reduced precision, float64 stays float64."""
+    return z if z.dtype == torch.float64 else z.float()
+
+
+def _shift(t, s: int):
+    """t [..., R, D] moved ``s`` rows down along R (row q holds row q - s; zeros above)."""
+    if s == 0:
+        return t
+    return torch.cat([torch.zeros_like(t[..., :s, :]), t[..., :-s, :]], dim=-2)
+
+
+def chained_attention(q, ks, vs):
+    """The attention of depth ``j = len(ks)`` of a chained MTP draft, for every row at once.
+
+    In the engine (``Engine.mtp_draft``, ``RefModel.mtp_draft``) the head first fills rows
+    ``0..p`` from the trunk (depth 1), then drafts: the depth-2 row at ``p + 1`` attends to the
+    depth-1 keys at ``0..p`` and to itself, the depth-3 row at ``p + 2`` to the depth-1 keys at
+    ``0..p``, the depth-2 key at ``p + 1`` and itself, and so on. Here row ``q`` of depth ``j`` is
+    the chain whose base is ``p = q - (j - 1)``: it sees ``ks[0]`` (depth 1) at positions
+    ``<= q - (j - 1)`` and ``ks[i]`` (depth ``i + 1``) at position ``q - (j - 1 - i)`` only.
+    q, ks[i], vs[i]: [B, heads, R, D] (same heads). Softmax in float32 (float64 for float64)."""
+    j, R = len(ks), q.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    pos = torch.arange(R, device=q.device)
+    seen = pos[None, :] <= pos[:, None] - (j - 1)
+    s = [_wide(q @ ks[0].transpose(-1, -2)) * scale]
+    s[0] = s[0].masked_fill(~seen, float("-inf"))
+    for i in range(1, j):
+        s.append(_wide((q * _shift(ks[i], j - 1 - i)).sum(-1, keepdim=True)) * scale)
+    p = torch.softmax(torch.cat(s, dim=-1), dim=-1).to(q.dtype)
+    o = p[..., :R] @ vs[0]
+    for i in range(1, j):
+        o = o + p[..., R + i - 1:R + i] * _shift(vs[i], j - 1 - i)
+    return o
 
 
 class MTPMLP(nn.Module):
@@ -395,9 +443,10 @@ class MTPLayer(nn.Module):
         self.post_attention_layernorm = ZeroRMSNorm(d["hidden_size"], d["rms_norm_eps"])
         self.mlp = MTPMLP(d)
 
-    def forward(self, x, cos, sin, rot):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rot)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, rot, prev=()):
+        a, kv = self.self_attn(self.input_layernorm(x), cos, sin, rot, prev)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 class MTPHead(nn.Module):
@@ -417,9 +466,11 @@ class MTPHead(nn.Module):
                 if isinstance(m, nn.Linear):
                     m.weight.normal_(0.0, init_std)
 
-    def forward(self, emb, hid, cos, sin, rot):
+    def forward(self, emb, hid, cos, sin, rot, prev=()):
+        """Returns (out hidden, (k, v) of the attention); ``prev`` as in :class:`MTPAttention`."""
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hid)], dim=-1))
-        return self.norm(self.layers[0](x, cos, sin, rot))
+        x, kv = self.layers[0](x, cos, sin, rot, prev)
+        return self.norm(x), kv
 
 
 class TinyModel(nn.Module):
@@ -448,33 +499,49 @@ class TinyModel(nn.Module):
         h = self.trunk.model(input_ids=x, use_cache=False).last_hidden_state
         return self.trunk.lm_head(h), h
 
-    def mtp_forward(self, tokens, hiddens):
+    def mtp_forward(self, tokens, hiddens, prev=()):
         """MTP rows at positions 0..R-1: ``tokens`` [B, R] (the token at each row's position),
-        ``hiddens`` [B, R, H] (the trunk hidden of the position before; zeros for row 0).
-        Returns (logits [B, R, V], out hidden [B, R, H])."""
+        ``hiddens`` [B, R, H] (the hidden of the position before: the trunk's at depth 1, zeros for
+        row 0; the previous depth's output at depth > 1). ``prev``: the (k, v) of the earlier
+        depths (:func:`chained_attention`). Returns (logits [B, R, V], out hidden [B, R, H], (k, v))."""
         cos, sin = self.rope(tokens.shape[1], tokens.device)
-        out = self.mtp(self.trunk.model.embed_tokens(tokens), hiddens, cos, sin, self.rot)
-        return self.trunk.lm_head(out), out
+        out, kv = self.mtp(self.trunk.model.embed_tokens(tokens), hiddens, cos, sin, self.rot, prev)
+        return self.trunk.lm_head(out), out, kv
 
-    def forward(self, x):
-        """x [B, T] -> (trunk logits [B, T, V], hidden [B, T, H], MTP logits [B, T-1, V]); MTP row
-        p (0..T-2) pairs x_p with h_{p-1} (zeros for p = 0) and predicts x_{p+1}."""
-        logits, h = self.trunk_forward(x)
+    def mtp_chain(self, x, h, depth: int):
+        """MTP logits of depths 1..``depth`` over a window, each [B, T-1, V] (row q = position q,
+        predicting x_{q+1}). Depth 1 pairs x_q with the trunk's h_{q-1} (zeros for q = 0); depth
+        j > 1 pairs x_q with depth j-1's output at q - 1 -- the chained draft of the engine, with
+        the true bytes standing in for accepted drafts. Depth j's row q is valid for q >= j - 1
+        (its chain's base row q - j + 1 >= 0)."""
+        out_l = []
+        prev = []
         hid = torch.cat([torch.zeros_like(h[:, :1]), h[:, :x.shape[1] - 2]], dim=1)
-        mlogits, _ = self.mtp_forward(x[:, :-1], hid)
-        return logits, h, mlogits
+        for _ in range(depth):
+            ml, out, kv = self.mtp_forward(x[:, :-1], hid, tuple(prev))
+            out_l.append(ml)
+            prev.append(kv)
+            hid = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+        return out_l
+
+    def forward(self, x, depth: int = 1):
+        """x [B, T] -> (trunk logits [B, T, V], hidden [B, T, H], MTP logits [B, T-1, V]); MTP row
+        p (0..T-2) pairs x_p with h_{p-1} (zeros for p = 0) and predicts x_{p+1}. With
+        ``depth`` > 1 the last item is the list of every depth's logits (:meth:`mtp_chain`)."""
+        logits, h = self.trunk_forward(x)
+        ml = self.mtp_chain(x, h, depth)
+        return logits, h, (ml[0] if depth == 1 else ml)
 
 
-def losses(model: TinyModel, x):
-    """(main loss, MTP loss), mean nats per predicted byte. MTP row 0 is not in the loss."""
-    logits, _, mlogits = model(x)
+def losses(model: TinyModel, x, depth: int = 1):
+    """(main loss, [MTP loss of depth 1..depth]), mean nats per predicted byte. Depth j's rows
+    j..T-2 are in its loss (row 0 of depth 1, and the rows whose chain would start there, are not)."""
+    logits, _, ml = model(x, depth)
+    ml = [ml] if depth == 1 else ml
     V = logits.shape[-1]
-
-    def wide(z):  # cross-entropy in float32 (float64 stays float64)
-        return z if z.dtype == torch.float64 else z.float()
-
-    main = F.cross_entropy(wide(logits[:, :-1].reshape(-1, V)), x[:, 1:].reshape(-1))
-    mtp = F.cross_entropy(wide(mlogits[:, 1:].reshape(-1, V)), x[:, 2:].reshape(-1))
+    main = F.cross_entropy(_wide(logits[:, :-1].reshape(-1, V)), x[:, 1:].reshape(-1))
+    mtp = [F.cross_entropy(_wide(m[:, j:].reshape(-1, V)), x[:, j + 1:].reshape(-1))
+           for j, m in enumerate(ml, start=1)]
     return main, mtp
 
 
@@ -503,49 +570,69 @@ def model_config(d: dict) -> ModelConfig:
 _EVAL_KEYS = ("nll", "n", "correct", "mtp_nll", "mtp_n", "mtp_correct", "agree")
 
 
+def _chain_keys(depth: int) -> tuple:
+    return tuple(f"mtp{j}_{k}" for j in range(2, depth + 1) for k in ("nll", "n", "correct"))
+
+
 @torch.no_grad()
-def evaluate(model: TinyModel, windows, batch: int, amp: bool = False, per_window: bool = False) -> dict:
+def evaluate(model: TinyModel, windows, batch: int, amp: bool = False, per_window: bool = False,
+             depth: int = 1) -> dict:
     """Windows [N, T] (token ids), each from an empty state. Trunk: predict x_{t+1} at t = 0..T-2;
     MTP: rows 1..T-2 predict x_{p+1}; ``agree``: MTP argmax == trunk argmax at the same target (a
-    teacher-forced proxy of greedy K=1 acceptance). Returns bits/byte and top-1 rates."""
+    teacher-forced proxy of greedy K=1 acceptance). With ``depth`` > 1 also the chained depths
+    (``mtp{j}_*``, rows j..T-2, true bytes standing in for accepted drafts: the conditional
+    acceptance of draft position j). Returns bits/byte and top-1 rates."""
     was = model.training
     model.eval()
     dev = windows.device
-    tot = {k: 0.0 for k in _EVAL_KEYS}
+    keys = _EVAL_KEYS + _chain_keys(depth)
+    tot = {k: 0.0 for k in keys}
     rows = []
     for i in range(0, windows.shape[0], batch):
         x = windows[i:i + batch]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            logits, _, mlogits = model(x)
-        lt = logits[:, :-1].double() if logits.dtype == torch.float64 else logits[:, :-1].float()
-        ml = mlogits[:, 1:].double() if mlogits.dtype == torch.float64 else mlogits[:, 1:].float()
-        y, ym = x[:, 1:], x[:, 2:]
+            logits, _, mls = model(x, depth)
+        mls = [mls] if depth == 1 else mls
+        lt = _wide(logits[:, :-1])
+        y = x[:, 1:]
         nll = F.cross_entropy(lt.transpose(1, 2), y, reduction="none").double()
-        mnll = F.cross_entropy(ml.transpose(1, 2), ym, reduction="none").double()
-        top, mtop = lt.argmax(-1), ml.argmax(-1)
+        top = lt.argmax(-1)
         w = {"nll": nll.sum(1), "n": torch.full_like(nll[:, 0], nll.shape[1]),
-             "correct": (top == y).double().sum(1), "mtp_nll": mnll.sum(1),
-             "mtp_n": torch.full_like(mnll[:, 0], mnll.shape[1]), "mtp_correct": (mtop == ym).double().sum(1),
-             "agree": (mtop == top[:, 1:]).double().sum(1)}
+             "correct": (top == y).double().sum(1)}
+        for j, m in enumerate(mls, start=1):
+            ml, ym = _wide(m[:, j:]), x[:, j + 1:]
+            mnll = F.cross_entropy(ml.transpose(1, 2), ym, reduction="none").double()
+            mtop = ml.argmax(-1)
+            pre = "mtp" if j == 1 else f"mtp{j}"
+            w.update({f"{pre}_nll": mnll.sum(1), f"{pre}_n": torch.full_like(mnll[:, 0], mnll.shape[1]),
+                      f"{pre}_correct": (mtop == ym).double().sum(1)})
+            if j == 1:
+                w["agree"] = (mtop == top[:, 1:]).double().sum(1)
         w = {k: v.cpu().numpy() for k, v in w.items()}
-        for k in _EVAL_KEYS:
+        for k in keys:
             tot[k] += float(w[k].sum())
         if per_window:
-            rows += [_rates({k: float(w[k][j]) for k in _EVAL_KEYS}) for j in range(x.shape[0])]
+            rows += [_rates({k: float(w[k][jw]) for k in keys}, depth) for jw in range(x.shape[0])]
     model.train(was)
-    out = _rates(tot)
+    out = _rates(tot, depth)
     out["windows"] = int(windows.shape[0])
     if per_window:
         out["per_window"] = rows
     return out
 
 
-def _rates(t: dict) -> dict:
+def _rates(t: dict, depth: int = 1) -> dict:
     ln2 = math.log(2.0)
-    return {"bits_per_byte": t["nll"] / t["n"] / ln2, "top1": t["correct"] / t["n"],
-            "mtp_bits_per_byte": t["mtp_nll"] / t["mtp_n"] / ln2, "mtp_top1": t["mtp_correct"] / t["mtp_n"],
-            "mtp_trunk_agreement": t["agree"] / t["mtp_n"], "predictions": int(t["n"]),
-            "mtp_predictions": int(t["mtp_n"])}
+    out = {"bits_per_byte": t["nll"] / t["n"] / ln2, "top1": t["correct"] / t["n"],
+           "mtp_bits_per_byte": t["mtp_nll"] / t["mtp_n"] / ln2, "mtp_top1": t["mtp_correct"] / t["mtp_n"],
+           "mtp_trunk_agreement": t["agree"] / t["mtp_n"], "predictions": int(t["n"]),
+           "mtp_predictions": int(t["mtp_n"])}
+    if depth > 1:
+        out["mtp_chain_top1"] = [out["mtp_top1"]] + [t[f"mtp{j}_correct"] / t[f"mtp{j}_n"]
+                                                     for j in range(2, depth + 1)]
+        out["mtp_chain_bits_per_byte"] = [out["mtp_bits_per_byte"]] + [
+            t[f"mtp{j}_nll"] / t[f"mtp{j}_n"] / ln2 for j in range(2, depth + 1)]
+    return out
 
 
 def windows_of(stream: np.ndarray, T: int, cap: int) -> np.ndarray:
@@ -558,15 +645,36 @@ def windows_of(stream: np.ndarray, T: int, cap: int) -> np.ndarray:
     return w
 
 
-def ref_check(folder: str, sample: np.ndarray, torch64: dict) -> dict:
+def ref_chain(ref, ids, hid, depth: int, stride: int = 1) -> dict:
+    """The chained MTP logits as the engine computes them: depth-1 rows over the window, then for
+    each chain base p (1, 1 + stride, ..) the rows at p+1 .. p+depth-1 one at a time, each fed the
+    previous row's output hidden, the true bytes standing in for accepted drafts (the cache rows
+    they overwrite are restored after each chain). Returns {(depth j, row q): logits [V]}."""
+    T = len(ids)
+    st = ref.new_state(T)
+    _, out = ref.mtp_rows(ids[:-1], hid, st, 0)
+    res = {}
+    for p in range(1, T - depth, stride):
+        keep = (st.mtp_k[p + 1:p + depth].copy(), st.mtp_v[p + 1:p + depth].copy())
+        o = out[p:p + 1]
+        for j in range(2, depth + 1):
+            q = p + j - 1
+            lg, o = ref.mtp_rows(ids[q:q + 1], o, st, q)
+            res[(j, q)] = lg[0]
+        st.mtp_k[p + 1:p + depth], st.mtp_v[p + 1:p + depth] = keep
+    return res
+
+
+def ref_check(folder: str, sample: np.ndarray, torch64: dict, chain_stride: int = 16) -> dict:
     """Our float64 reference over the exported checkpoint on the sample windows, against the torch
-    float64 logits (trunk and MTP rows) and per-window bits/byte."""
+    float64 logits (trunk, MTP rows and, when ``torch64`` has ``mtp_chain``, the chained depths
+    at every ``chain_stride``-th base) and per-window bits/byte."""
     from harness.weights import load_checkpoint
     from numba_kernels.reference import RefModel
 
     ck = load_checkpoint(folder)
     ref = RefModel(ck.config, ck.tensors)
-    worst_l = worst_m = 0.0
+    worst_l = worst_m = worst_c = 0.0
     ln2 = math.log(2.0)
     nll = mnll = n = mn = correct = 0.0
     for w, ids in enumerate(sample):
@@ -577,6 +685,11 @@ def ref_check(folder: str, sample: np.ndarray, torch64: dict) -> dict:
         tl, tm = torch64["logits"][w], torch64["mtp_logits"][w]
         worst_l = max(worst_l, float(np.abs(lg - tl).max() / np.abs(tl).max()))
         worst_m = max(worst_m, float(np.abs(ml - tm).max() / np.abs(tm).max()))
+        chain = torch64.get("mtp_chain")
+        if chain:
+            for (j, q), z in ref_chain(ref, ids, hid, len(chain) + 1, chain_stride).items():
+                t = chain[j - 2][w][q]
+                worst_c = max(worst_c, float(np.abs(z - t).max() / np.abs(t).max()))
 
         def ce(z, y):
             z = z - z.max(-1, keepdims=True)
@@ -589,7 +702,8 @@ def ref_check(folder: str, sample: np.ndarray, torch64: dict) -> dict:
         correct += float((ml[1:].argmax(-1) == ids[2:]).sum())
     return {"windows": int(len(sample)), "logits_max_rel_err": worst_l, "mtp_logits_max_rel_err": worst_m,
             "bits_per_byte": nll / n / ln2, "mtp_bits_per_byte": mnll / mn / ln2, "mtp_top1": correct / mn,
-            "checkpoint_sha256": ck.sha256}
+            "chain_logits_max_rel_err": worst_c if torch64.get("mtp_chain") else float("nan"),
+            "chain_stride": chain_stride, "checkpoint_sha256": ck.sha256}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -621,6 +735,11 @@ def plot_losses(logd: dict, path: str) -> None:
         a2.plot(st, [r["top1"] for r in ev], "o-", color="C0", ms=3, label="trunk top-1")
         a2.plot(st, [r["mtp_top1"] for r in ev], "s-", color="C1", ms=3, label="MTP top-1")
         a2.plot(st, [r["mtp_trunk_agreement"] for r in ev], "^-", color="C2", ms=3, label="MTP = trunk argmax")
+        for j in range(2, len(ev[-1].get("mtp_chain_top1", [])) + 1):
+            a1.plot(st, [r["mtp_chain_bits_per_byte"][j - 1] for r in ev], "s--", color=f"C{j + 1}", ms=3,
+                    label=f"held-out (MTP depth {j})")
+            a2.plot(st, [r["mtp_chain_top1"][j - 1] for r in ev], "s--", color=f"C{j + 1}", ms=3,
+                    label=f"MTP depth {j} top-1")
     fin, last = logd["results"].get("heldout"), logd["training"].get("steps", 0)
     if fin:
         a1.plot([last], [fin["bits_per_byte"]], "*", color="C0", ms=10, label="final, all held-out (trunk)")
@@ -712,11 +831,15 @@ as bytes. {what}
 
 ## Training
 
-- Loss `L_main + {lam} · L_mtp` (DeepSeek-V3's MTP objective, one depth), both mean cross-entropy
-  per predicted byte. The MTP row at position p pairs the byte at p with the trunk's final normed
-  hidden state at p-1 (RoPE at position p) and predicts byte p+1. Row 0 pairs the first byte with
-  zeros — exactly what the engine does at the start of a session — and is in the head's attention
-  context but not in the loss.
+- Loss `L_main + {lam} · (L_mtp1 + … + L_mtp{depth})` (DeepSeek-V3's MTP objective `λ/D · Σ L_k` with
+  D = {depth} depths, each weighing {lam}), all mean cross-entropy per predicted byte. Depth 1: the MTP
+  row at position p pairs the byte at p with the trunk's final normed hidden state at p-1 (RoPE at
+  position p) and predicts byte p+1. Row 0 pairs the first byte with zeros — exactly what the
+  engine does at the start of a session — and is in the head's attention context but not in the
+  loss. Depth j > 1 is the engine's chained draft, trained for every row at once: the row at q
+  pairs byte q with depth j-1's output hidden at q-1 and attends to the depth-1 keys at positions
+  ≤ q-j+1 and to its own chain's deeper keys (`chained_attention` in `tools/train_tiny.py`; the true
+  bytes stand in for accepted drafts). The same one MTP layer serves every depth.
 - AdamW (β 0.9/0.95, weight decay {wd} on matrices except the embedding), peak lr {lr:g}, {warmup} warmup
   steps, cosine to {minlr:g}; gradient clipping {clip}; batch {batch} × {seq_len} bytes; bf16 autocast
   on CUDA, float32 weights; seed {seed}.
@@ -736,7 +859,14 @@ state; torch float32; the curves' held-out points use {ev_windows} of them, unde
 | MTP head (byte after next) | {ho_mbpb:.4f} | {ho_mtop1:.4f} |
 
 MTP argmax equals the trunk's argmax for the same byte on {ho_agree:.1%} of the rows (a
-teacher-forced proxy for greedy acceptance at K = 1).
+teacher-forced proxy for greedy acceptance at K = 1). Chained drafts, teacher-forced (depth j
+predicts byte q+1 at row q from depth j-1's hidden; the rate of draft position j given that the
+earlier drafts were right):
+
+| depth | {chain_head} |
+|---|{chain_sep}|
+| bits/byte | {chain_bpb} |
+| top-1 | {chain_top1} |
 
 ### `heldout_eval.bin`
 
@@ -752,7 +882,9 @@ bytes 2..{tm1}).
 | torch float64 ({f64_kind}) | {s64_bpb:.9f} | {s64_mbpb:.9f} | {s64_mtop1:.6f} |
 | `RefModel` float64 on the export | {r_bpb:.9f} | {r_mbpb:.9f} | {r_mtop1:.6f} |
 
-Reference vs torch float64: max relative logit error {r_err:.1e} (trunk), {r_merr:.1e} (MTP rows).
+Reference vs torch float64: max relative logit error {r_err:.1e} (trunk), {r_merr:.1e} (MTP rows),
+{r_cerr:.1e} (chained depths 2..{depth}: `RefModel.mtp_rows` one row at a time, as the engine drafts,
+against the parallel training form, every {r_stride}th chain base).
 
 | window | file | offset |
 |---|---|---|
@@ -780,6 +912,8 @@ def write_card(path: str, logd: dict) -> None:
     c = logd["model"]["config"]
     ho, s32, s64, ref = r["heldout"], r["sample_float32"], r["sample_float64"], r["sample_ref"]
     pat = ", ".join({LIN: "GDN", FULL: "attn"}[x] for x in c["layer_types"])
+    chain_t = ho.get("mtp_chain_top1", [ho["mtp_top1"]])
+    chain_b = ho.get("mtp_chain_bits_per_byte", [ho["mtp_bits_per_byte"]])
     stopped = ""
     if t.get("stopped_by_time"):
         stopped = "; stopped at the time limit"
@@ -805,6 +939,10 @@ def write_card(path: str, logd: dict) -> None:
         s64_bpb=s64["bits_per_byte"], s64_mbpb=s64["mtp_bits_per_byte"], s64_mtop1=s64["mtp_top1"],
         f64_kind=s64["kind"], r_bpb=ref["bits_per_byte"], r_mbpb=ref["mtp_bits_per_byte"],
         r_mtop1=ref["mtp_top1"], r_err=ref["logits_max_rel_err"], r_merr=ref["mtp_logits_max_rel_err"],
+        r_cerr=ref.get("chain_logits_max_rel_err", float("nan")), r_stride=ref.get("chain_stride", 0),
+        depth=t.get("mtp_depth", 1), chain_head=" | ".join(str(j) for j in range(1, len(chain_t) + 1)),
+        chain_sep="---|" * len(chain_t), chain_bpb=" | ".join(f"{v:.4f}" for v in chain_b),
+        chain_top1=" | ".join(f"{v:.4f}" for v in chain_t),
         sample_rows="\n".join(f"| {i} | `{w['file']}` | {w['offset']} |"
                               for i, w in enumerate(logd["sample"]["windows"])),
         prompt_rows="\n".join(f"| `prompts/{p['name']}` | {p['bytes']} | `{p['file']}` | {p['offset']} |"
@@ -990,13 +1128,14 @@ def main(argv=None) -> dict:
 
     def periodic_eval(step):
         t0 = time.time()
-        r = evaluate(model, eval_w, B, amp=amp)
+        r = evaluate(model, eval_w, B, amp=amp, depth=hp.mtp_depth)
         r = {k: v for k, v in r.items() if k != "per_window"}
         r.update(step=step, elapsed_s=time.time() - _T_START, eval_s=time.time() - t0)
         logd["evals"].append(r)
         log(f"eval @ {step}: held-out {r['bits_per_byte']:.4f} bits/byte (top-1 {r['top1']:.3f}); MTP "
             f"{r['mtp_bits_per_byte']:.4f} bits/byte, top-1 {r['mtp_top1']:.3f}, = trunk {r['mtp_trunk_agreement']:.3f}"
-            f" [{r['eval_s']:.1f} s]")
+            + (f"; chained top-1 {' / '.join(f'{a:.3f}' for a in r['mtp_chain_top1'])}" if "mtp_chain_top1" in r
+               else "") + f" [{r['eval_s']:.1f} s]")
         write_json(log_path, logd)
         return r["eval_s"]
 
@@ -1004,7 +1143,7 @@ def main(argv=None) -> dict:
     total = steps_fixed if steps_fixed is not None else 10**9
     step, tokens, stopped_by_time = 0, 0, False
     acc_main = torch.zeros((), device=dev)
-    acc_mtp = torch.zeros((), device=dev)
+    acc_mtp = torch.zeros(hp.mtp_depth, device=dev)
     acc_n, t_log, tok_log = 0, time.time(), 0
     t_train0 = time.time()
     t_probe = None
@@ -1018,8 +1157,9 @@ def main(argv=None) -> dict:
             g["lr"] = lr
         x = get_batch()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            main_l, mtp_l = losses(model, x)
-            loss = main_l + hp.mtp_weight * mtp_l
+            main_l, mtp_ls = losses(model, x, hp.mtp_depth)
+            mtp_l = torch.stack(mtp_ls)
+            loss = main_l + hp.mtp_weight * mtp_l.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), hp.clip)
@@ -1044,16 +1184,19 @@ def main(argv=None) -> dict:
             logd["training"]["probe_step_s"] = per_step
             log(f"probe: {per_step * 1e3:.1f} ms/step ({B * T / per_step:,.0f} tokens/s); planning {total} steps")
         if step % hp.log_every == 0 or step == total:
-            lm, lt = float(acc_main) / acc_n, float(acc_mtp) / acc_n
+            lm = float(acc_main) / acc_n
+            lts = [float(v) / acc_n for v in acc_mtp]
+            lt = lts[0]
             now = time.time()
             tps = (tokens - tok_log) / max(1e-9, now - t_log)
             rec = {"step": step, "tokens": tokens, "lr": lr, "train_loss": lm, "train_bits_per_byte": lm / math.log(2),
-                   "train_mtp_loss": lt, "train_mtp_bits_per_byte": lt / math.log(2), "grad_norm": float(gnorm),
+                   "train_mtp_loss": lt, "train_mtp_bits_per_byte": lt / math.log(2),
+                   "train_mtp_chain_bits_per_byte": [v / math.log(2) for v in lts], "grad_norm": float(gnorm),
                    "tokens_per_s": tps, "elapsed_s": now - _T_START}
             logd["train"].append(rec)
             log(f"step {step}/{total if total < 10**9 else '?'} lr {lr:.2e} loss {lm:.4f} "
                 f"({rec['train_bits_per_byte']:.3f}"
-                f" b/B) mtp {lt:.4f} ({rec['train_mtp_bits_per_byte']:.3f} b/B) |g| {float(gnorm):.2f} "
+                f" b/B) mtp {' / '.join(f'{v / math.log(2):.3f}' for v in lts)} b/B |g| {float(gnorm):.2f} "
                 f"{tps:,.0f} tok/s")
             acc_main.zero_()
             acc_mtp.zero_()
@@ -1093,17 +1236,17 @@ def main(argv=None) -> dict:
     # ---- final evaluation -----------------------------------------------------------------
     res = logd["results"]
     fw = torch.from_numpy(windows_of(held_s, T, hp.final_windows)).to(dev)
-    res["heldout"] = evaluate(model, fw, B, amp=False)
+    res["heldout"] = evaluate(model, fw, B, amp=False, depth=hp.mtp_depth)
     log(f"held-out ({res['heldout']['windows']} windows, float32): {res['heldout']['bits_per_byte']:.4f} bits/byte, "
         f"MTP {res['heldout']['mtp_bits_per_byte']:.4f} bits/byte, MTP top-1 {res['heldout']['mtp_top1']:.4f}")
     sample_ids = np.stack([np.frombuffer(w, np.uint8).astype(np.int64) for _, _, w in sample])
     sw = torch.from_numpy(sample_ids).to(dev)
-    res["sample_float32"] = evaluate(model, sw, B, amp=False, per_window=True)
+    res["sample_float32"] = evaluate(model, sw, B, amp=False, per_window=True, depth=hp.mtp_depth)
     mod64 = hf_float64_module()
     m64 = TinyModel(d, hf_module=mod64) if mod64 is not None else TinyModel(d)
     m64.load_state_dict(model.state_dict())
     m64 = m64.double().to(dev).eval()
-    r64 = evaluate(m64, sw, B, amp=False, per_window=True)
+    r64 = evaluate(m64, sw, B, amp=False, per_window=True, depth=hp.mtp_depth)
     r64["kind"] = ("HF code with float32 casts widened" if mod64 is not None
                    else "HF model.double(), float32 casts inside")
     res["sample_float64"] = r64
@@ -1113,8 +1256,10 @@ def main(argv=None) -> dict:
     if not args.no_ref:
         t0 = time.time()
         with torch.no_grad():
-            lg, _, ml = m64(sw)
-        torch64 = {"logits": lg.cpu().numpy(), "mtp_logits": ml.cpu().numpy()}
+            lg, _, mls = m64(sw, hp.mtp_depth)
+        mls = [mls] if hp.mtp_depth == 1 else mls
+        torch64 = {"logits": lg.cpu().numpy(), "mtp_logits": mls[0].cpu().numpy(),
+                   "mtp_chain": [m.cpu().numpy() for m in mls[1:]]}
         res["sample_ref"] = ref_check(out, sample_ids, torch64)
         res["sample_ref"]["seconds"] = time.time() - t0
         rr = res["sample_ref"]
