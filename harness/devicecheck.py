@@ -104,24 +104,48 @@ def op_cases(rng, full: bool = True):
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
              np.zeros((R, H), F32), R), [5])
+    # the device-side position of captured steps (Engine._step): start read from an int32 [1]
+    # device array; the CPU twin takes the same start as a scalar
+    for hq, hkv, D, start, R in (att[1:3] if full else att[3:]):
+        ctx = start + R
+        add("attention@pos", f"Hq{hq}-Hkv{hkv}-D{D}-p{start}-R{R}-cap{ctx + 200}",
+            (_r(rng, R, hq * D), _r(rng, ctx + 200, hkv * D), _r(rng, ctx + 200, hkv * D), np.zeros((R, hq * D), F32),
+             start, R, hq, hkv, D, F32(D ** -0.5)), [3])
+        add("kv_write@pos", f"Hkv{hkv}-D{D}-p{start}-R{R}",
+            (_r(rng, R, 2 * hkv * D), hkv * D, _r(rng, R, hkv * D), 0, np.zeros((ctx, hkv * D), F32),
+             np.zeros((ctx, hkv * D), F32), start, R), [4, 5])
+        half = D // 8
+        ang = np.outer(np.arange(ctx), 10000.0 ** (-np.arange(half) * 2.0 / (2 * half)))
+        add("rope@pos", f"R{R}-H{hq}-D{D}-p{start}",
+            (_r(rng, R, hq * D), hq, D, half, np.cos(ang).astype(F32), np.sin(ang).astype(F32), start, R), [0])
     bad = _r(rng, 4, 33)
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
     return cases
 
 
+POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4}  # where ``start`` sits in the args
+
+
 def run_op_case(cpu_ops, cuda_ops, cuda, op, args, outs):
-    """Run one case on both targets; returns (equal, max ulp, cpu seconds, cuda seconds)."""
+    """Run one case on both targets; returns (equal, max ulp, cpu seconds, cuda seconds).
+    ``op@pos``: the CUDA op takes start 0 and the position as a device array (``pos=``)."""
+    op, _, how = op.partition("@")
     cargs = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     t0 = time.perf_counter()
     getattr(cpu_ops, op)(*cargs)
     t_cpu = time.perf_counter() - t0
+    kw = {}
+    if how == "pos":
+        i = POS_ARG[op]
+        kw = {"pos": cuda.to_device(np.array([args[i]], np.int32))}
+        args = args[:i] + (0,) + args[i + 1:]
     dargs = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-    getattr(cuda_ops, op)(*dargs)
+    getattr(cuda_ops, op)(*dargs, **kw)
     cuda.synchronize()
     dargs2 = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
     t0 = time.perf_counter()
-    getattr(cuda_ops, op)(*dargs2)
+    getattr(cuda_ops, op)(*dargs2, **kw)
     cuda.synchronize()
     t_gpu = time.perf_counter() - t0
     equal, ulp = True, 0
@@ -152,13 +176,17 @@ def larger_config():
         decoder_sparse_step=2, norm_topk_prob=True, num_nextn_predict_layers=1))
 
 
-def schedule_runs(engine, ids):
-    """Logits (per row, tokenwise) and digests of tokenwise / batched / split primes."""
+def schedule_runs(engine, ids, only=None):
+    """Logits (per row, tokenwise) and digests of tokenwise / batched / split primes. On CUDA the
+    tokenwise rows are captured steps (run once, captured, replayed) unless the engine has
+    graphs off."""
     T = len(ids)
     out = {}
     s = engine.new_session(T + 8)
     rows = [engine.decode_step(s, int(t))[0] for t in ids]
     out["tokenwise"] = (np.stack(rows), s.cache.digest())
+    if only is not None:
+        return out
     s = engine.new_session(T + 8)
     logits, _ = engine.target_step(s, ids)
     out["batched"] = (logits, s.cache.digest())
@@ -198,7 +226,11 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
             t0 = time.perf_counter()
             res[bname] = schedule_runs(eng, ids)
             res[bname + "_s"] = time.perf_counter() - t0
-        for sched in ("tokenwise", "batched", "split3"):
+        # the CUDA engine without captured steps: every launch from Python, start as a scalar
+        res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False), ids,
+                                                            only=("tokenwise",))["tokenwise"]
+        res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
+        for sched in ("tokenwise", "tokenwise-uncaptured", "batched", "split3"):
             lc, dc = res["cpu"][sched]
             lg, dg = res["cuda"][sched]
             lo, do = res["cpu"]["tokenwise"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,7 @@ from .errors import InputError, NumericError, PrimewalkError
 from .weights import Checkpoint
 
 F32 = np.float32
+GRAPH_MAX_ROWS = 8  # steps of at most this many rows are captured and replayed (Engine._step)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,6 +112,10 @@ class Cache:
                 self.k[i], self.v[i] = B.zeros((self.max_ctx, kvw)), B.zeros((self.max_ctx, kvw))
         self.mtp_k = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
         self.mtp_v = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
+        # captured steps on this cache's planes (Engine._step): key -> (graph, outputs, inputs);
+        # keys seen once (run eagerly, to compile and allocate before a capture)
+        self.graphs: dict = {}
+        self.graph_seen: set = set()
 
     def planes(self):
         """(name, backend array view) in the fixed digest order."""
@@ -210,11 +216,19 @@ class Session:
 class Engine:
     """Weights on one backend plus the workspace every session shares."""
 
-    def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True):
+    def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
+                 graphs: bool | None = None):
         self.ckpt, self.cfg = ckpt, ckpt.config
         self.B = get_backend(backend)
         self.ops = self.B.ops
         self.check_finite = check_finite
+        # Steps of at most GRAPH_MAX_ROWS rows (decode, verify, MTP drafts) are captured once per
+        # cache and replayed (CUDA graphs): one launch instead of ~15 per layer from Python. The
+        # position then lives on the device (self._pos), so one capture serves every position.
+        if graphs is None:
+            graphs = os.environ.get("PRIMEWALK_GRAPHS", "1") != "0"
+        self.graphs = bool(graphs) and hasattr(self.ops, "capture")
+        self._pos = self.B.zeros((1,), np.int32) if self.graphs else None
         self.fingerprint = config_fingerprint(self.cfg)
         self.has_mtp = ckpt.has_mtp
         self._ws: dict = {}
@@ -348,8 +362,9 @@ class Engine:
         ops.linear(on, L["out"], mix, R)
         return mix
 
-    def _attn(self, L, h, R, kc, vc, start):
+    def _attn(self, L, h, R, kc, vc, start, pos=None):
         cfg, ops, ws = self.cfg, self.ops, self.ws
+        at = {} if pos is None else {"pos": pos}  # device-side position (captured steps, cuda only)
         hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
         ops.linear(h, L["qkv"], qkv, R)
@@ -357,11 +372,11 @@ class Engine:
         ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
         ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
         half = cfg.rotary_dim // 2
-        ops.rope(q, hq, D, half, self.cos, self.sin, start, R)
-        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R)
-        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R)
+        ops.rope(q, hq, D, half, self.cos, self.sin, start, R, **at)
+        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R, **at)
+        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R, **at)
         att = ws("att", R, hq * D)
-        ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)))
+        ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
         gated = ws("att_g", R, hq * D)
         ops.sigmoid_gate(att, qkv, hq * D, gated, R)
         mix = ws("mix", R, cfg.hidden_size)
@@ -398,14 +413,14 @@ class Engine:
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
         return mix
 
-    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot):
+    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot, pos=None):
         ops, cfg = self.ops, self.cfg
         h = self.ws("h", R, cfg.hidden_size)
         ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
         if L["kind"] == LINEAR:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
-            mix = self._attn(L, h, R, kc, vc, start)
+            mix = self._attn(L, h, R, kc, vc, start, pos)
         ops.add(x, mix, x, R)
         ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
         mix = self._mlp(L, h, R)
@@ -441,13 +456,51 @@ class Engine:
             sess.cache.poisoned = f"{where} produced NaN or Inf"
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
+    # ---- captured steps ----------------------------------------------------------------------
+    def _step(self, c, key, body, inputs, start, keep=()):
+        """Run ``body(inputs, start, pos)`` -- kernel launches only -- and return its outputs.
+        Small steps on a backend with graphs: the first call of ``key`` on cache ``c`` runs eagerly
+        with the position on the device (compiling and allocating what it needs), the second
+        captures it with its own copies of ``inputs`` ({name: (device buffer, value)}) and
+        replays; later calls copy the new values into those buffers, the position into
+        ``self._pos``, and replay. Otherwise the body runs eagerly with ``start`` as a scalar."""
+        if not self.graphs or key is None:
+            return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
+        B = self.B
+        B.copy_into(self._pos, np.array([start], np.int32))
+        g = c.graphs.get(key)
+        if g is None and key not in c.graph_seen:
+            c.graph_seen.add(key)
+            return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self._pos)
+        if g is None:
+            own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
+            keep = [c, self.cos, self.sin, self._pos, getattr(self, "_flag_buf", None), *keep]
+            keep += list(self._ws.values()) + list(own.values())
+            graph, out = self.ops.capture(lambda: body(own, 0, self._pos), keep)
+            g = c.graphs[key] = (graph, out, own)
+        graph, out, own = g
+        for n, v in inputs.items():
+            B.copy_into(own[n], v)
+        graph.replay()
+        return out
+
+    def _upload(self, name, v):
+        """An input of :meth:`_step` on the backend: token ids through the shared ids buffer,
+        backend arrays as they are, host arrays uploaded."""
+        if name == "ids":
+            return self._upload_ids(v)
+        return v if not isinstance(v, np.ndarray) else self.B.upload(v)
+
+    def _graph_key(self, what, R, *more):
+        return None if R > GRAPH_MAX_ROWS else (what, R) + more
+
     def _trunk(self, sess, ids, logits_rows, capture=False):
         """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
         last ``logits_rows`` rows (all when None), hidden [R, H], an owned backend array)."""
         ids = self.check_ids(ids)
         R = len(ids)
         self._check_session(sess, R)
-        c, cfg, ops = sess.cache, self.cfg, self.ops
+        c, cfg = sess.cache, self.cfg
         start = c.pos
         caps = None
         if capture:
@@ -459,18 +512,15 @@ class Engine:
                     caps["conv"][li] = self.B.empty((R, max(c.kc1, 1), cfg.conv_dim))
                     caps["rec"][li] = self.B.empty((R,) + tuple(c.rec[li].shape))
             caps["start"] = start
-        x = self.ws("x", R, cfg.hidden_size)
-        ops.embed(self._upload_ids(ids), self.embed, x)
-        flags = self._flags()
-        for li, L in enumerate(self.layers):
-            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li)
-        hf = self.ws("hf", R, cfg.hidden_size)
-        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
         n = R if logits_rows is None else min(logits_rows, R)
-        logits = self.ws("logits", n, cfg.vocab_size)
-        ops.linear(hf[R - n:], self.lm_head, logits, n)
-        if flags is not None:
-            ops.nonfinite_flag(logits, n, flags, len(self.layers))
+        flags = self._flags()
+        key = self._graph_key("trunk", R, n, None if caps is None else id(caps["conv"]))
+
+        def body(inp, at, pos):
+            return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
+
+        logits, hf = self._step(c, key, body, {"ids": ids}, start,
+                                keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
@@ -479,6 +529,21 @@ class Engine:
         if capture:
             caps["hidden"] = hidden
         return out, hidden
+
+    def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
+        """The trunk's launches (no copies): returns the (logits, final-normed hidden) buffers."""
+        cfg, ops = self.cfg, self.ops
+        x = self.ws("x", R, cfg.hidden_size)
+        ops.embed(ids_dev, self.embed, x)
+        for li, L in enumerate(self.layers):
+            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li, pos)
+        hf = self.ws("hf", R, cfg.hidden_size)
+        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
+        logits = self.ws("logits", n, cfg.vocab_size)
+        ops.linear(hf[R - n:], self.lm_head, logits, n)
+        if flags is not None:
+            ops.nonfinite_flag(logits, n, flags, len(self.layers))
+        return logits, hf
 
     def prime_chunk(self, sess, ids):
         """Batched prime rows: (logits of the last row [V], hidden rows [R, H])."""
@@ -529,21 +594,27 @@ class Engine:
         R, H = len(ids), cfg.hidden_size
         if start + R > c.max_ctx:
             raise InputError(f"MTP rows up to position {start + R - 1} exceed the cache capacity {c.max_ctx}")
-        e = self.ws("mtp_e", R, H)
-        ops.embed(self._upload_ids(ids), self.embed, e)
-        cat = self.ws("mtp_cat", R, 2 * H)
-        ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
-        hin = hiddens if not isinstance(hiddens, np.ndarray) else self.B.upload(np.asarray(hiddens, F32))
-        ops.rmsnorm(hin, M["norm_h"], cfg.rms_norm_eps, cat, H, R)
-        x = self.ws("x", R, H)
-        ops.linear(cat, M["fc"], x, R)
-        flags = self._flags()
-        self._block(M["layer"], -1, x, R, start, c.mtp_k, c.mtp_v, c, False, None, flags, 0)
-        hf = self.ws("hf", R, H)
-        ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
         n = R if logits_rows is None else min(logits_rows, R)
-        logits = self.ws("logits", n, cfg.vocab_size)
-        ops.linear(hf[R - n:], self.lm_head, logits, n)
+        flags = self._flags()
+        hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
+        key = self._graph_key("mtp", R, n)
+
+        def body(inp, at, pos):
+            e = self.ws("mtp_e", R, H)
+            ops.embed(inp["ids"], self.embed, e)
+            cat = self.ws("mtp_cat", R, 2 * H)
+            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
+            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R)
+            x = self.ws("x", R, H)
+            ops.linear(cat, M["fc"], x, R)
+            self._block(M["layer"], -1, x, R, at, c.mtp_k, c.mtp_v, c, False, None, flags, 0, pos)
+            hf = self.ws("hf", R, H)
+            ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
+            logits = self.ws("logits", n, cfg.vocab_size)
+            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            return logits, hf
+
+        logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, self.B.clone(hf[:R])

@@ -85,6 +85,108 @@ def _grid(n, tpb=TPB):
 
 
 # ------------------------------------------------------------------------------------------------
+# launches, graphs and the device-side position
+# ------------------------------------------------------------------------------------------------
+class _Launch:
+    """Where kernel launches go: ``None`` runs them now on the default stream; a list records
+    them (graphs under the simulator); a ``cuda.core`` GraphBuilder captures them."""
+    target = None
+
+
+def _go(kernel, grid, block, *args):
+    """Every launch of this package goes through here (see :func:`capture`)."""
+    t = _Launch.target
+    if t is None:
+        kernel[grid, block](*args)
+    elif isinstance(t, list):
+        t.append((kernel, grid, block, args))
+    else:
+        kernel[grid, block, t](*args)
+
+
+class Graph:
+    """A captured sequence of launches: a CUDA graph (or, under the simulator, the recorded
+    launches). :meth:`replay` runs them again with the same arguments (same buffers, same
+    scalars) on the default stream, ordered with everything else issued there. ``keep`` holds
+    the buffers the launches use, so that they outlive any reallocation by their owners."""
+
+    def __init__(self, graph, keep):
+        self.graph, self.keep = graph, keep
+
+    def replay(self):
+        if isinstance(self.graph, list):
+            for kernel, grid, block, args in self.graph:
+                kernel[grid, block](*args)
+        else:
+            self.graph.launch(_legacy_stream())
+
+
+def _core():
+    try:
+        from cuda.core import Device, Stream
+    except ImportError:  # cuda-core < 0.4
+        from cuda.core.experimental import Device, Stream
+    return Device, Stream
+
+
+def _legacy_stream():
+    s = _CORE.get("stream")
+    if s is None:
+        s = _CORE["stream"] = _core()[1].from_handle(0)
+    return s
+
+
+_CORE: dict = {}
+
+
+def capture(fn, keep=()):
+    """Call ``fn()`` with this package's launches captured instead of run (nothing executes).
+    Returns (:class:`Graph`, what ``fn`` returned). ``fn`` must only launch kernels of this
+    package: no copies, no synchronisation. Buffers that ``fn`` allocates on a first call should
+    be allocated by an ordinary (uncaptured) call first."""
+    if _Launch.target is not None:
+        raise RuntimeError("capture: already capturing")
+    internal = [b for b in _POS.values()] + [b for b in _attention_buffers()]
+    if SIMULATED:
+        rec = []
+        _Launch.target = rec
+        try:
+            res = fn()
+        finally:
+            _Launch.target = None
+        return Graph(rec, list(keep) + internal), res
+    Device, _ = _core()
+    d = Device()
+    d.set_current()
+    gb = d.create_graph_builder()
+    gb.begin_building("relaxed")
+    _Launch.target = gb
+    try:
+        res = fn()
+    finally:
+        _Launch.target = None
+        gb.end_building()
+    return Graph(gb.complete(), list(keep) + internal), res
+
+
+def _attention_buffers():
+    from .cuda_attention import _STATS
+
+    return list(_STATS.values())
+
+
+_POS: dict = {}
+
+
+def zero_pos():
+    """The int32 [1] zero that position-taking kernels add when no position buffer is given."""
+    z = _POS.get("zero")
+    if z is None:
+        z = _POS["zero"] = cuda.to_device(np.zeros(1, np.int32))
+    return z
+
+
+# ------------------------------------------------------------------------------------------------
 # elementwise maps (tests)
 # ------------------------------------------------------------------------------------------------
 @cuda.jit
@@ -105,7 +207,7 @@ def _map_k(x, out, which):
 def _map(which):
     def run(x, out):
         b, t = _grid(x.size)
-        _map_k[b, t](x, out, which)
+        _go(_map_k, b, t, x, out, which)
     return run
 
 
@@ -128,7 +230,7 @@ def _linear_k(X, W, out, R):
 def linear_naive(X, W, out, R):
     """One thread per output (the reference launch; :func:`linear` is the fast path)."""
     b, t = _grid(R * W.shape[0])
-    _linear_k[b, t](X, W, out, R)
+    _go(_linear_k, b, t, X, W, out, R)
 
 
 @cuda.jit
@@ -143,7 +245,7 @@ def _embed_k(ids, table, out, R):
 def embed(ids, table, out):
     R = ids.shape[0]
     b, t = _grid(R * table.shape[1])
-    _embed_k[b, t](ids, table, out, R)
+    _go(_embed_k, b, t, ids, table, out, R)
 
 
 @cuda.jit
@@ -160,7 +262,7 @@ def _rmsnorm_k(X, w, eps, out, oo, R):
 
 
 def rmsnorm(X, w, eps, out, oo, R):
-    _rmsnorm_k[R, TPB](X, w, F32(eps), out, oo, R)
+    _go(_rmsnorm_k, R, TPB, X, w, F32(eps), out, oo, R)
 
 
 @cuda.jit
@@ -177,7 +279,7 @@ def _gated_rmsnorm_k(X, Z, zo, heads, D, w, eps, out, R):
 
 def gated_rmsnorm(X, Z, zo, heads, D, w, eps, out, R):
     b, t = _grid(R * heads, 32)
-    _gated_rmsnorm_k[b, t](X, Z, zo, heads, D, w, F32(eps), out, R)
+    _go(_gated_rmsnorm_k, b, t, X, Z, zo, heads, D, w, F32(eps), out, R)
 
 
 @cuda.jit
@@ -192,7 +294,7 @@ def _add_k(X, Y, out, R):
 
 def add(X, Y, out, R):
     b, t = _grid(R * X.shape[1])
-    _add_k[b, t](X, Y, out, R)
+    _go(_add_k, b, t, X, Y, out, R)
 
 
 @cuda.jit
@@ -206,7 +308,7 @@ def _swiglu_k(GU, I, out, R):
 
 def swiglu_act(GU, I, out, R):
     b, t = _grid(R * I)
-    _swiglu_k[b, t](GU, I, out, R)
+    _go(_swiglu_k, b, t, GU, I, out, R)
 
 
 @cuda.jit
@@ -219,7 +321,7 @@ def _conv_k(X, xo, W, state, out, R, cap, capture):
 
 def conv1d_silu(X, xo, W, state, out, R, cap, capture):
     b, t = _grid(W.shape[0])
-    _conv_k[b, t](X, xo, W, state, out, R, cap, capture)
+    _go(_conv_k, b, t, X, xo, W, state, out, R, cap, capture)
 
 
 @cuda.jit
@@ -243,7 +345,7 @@ def _gdn_prep_k(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g
 
 def gdn_prep(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     b, t = _grid(R * max(hk, nv))
-    _gdn_prep_k[b, t](QKV, kd, hk, dk, BA, nv, A_log, dt_bias, F32(qscale), Qn, Kn, beta, g, R)
+    _go(_gdn_prep_k, b, t, QKV, kd, hk, dk, BA, nv, A_log, dt_bias, F32(qscale), Qn, Kn, beta, g, R)
 
 
 @cuda.jit
@@ -259,7 +361,7 @@ def _gdn_k(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
 def gdn_recurrence_naive(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
     """One thread per state column, state in global memory (the reference launch)."""
     b, t = _grid(S.shape[0] * dv, 64)
-    _gdn_k[b, t](Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
+    _go(_gdn_k, b, t, Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
 
 
 @cuda.jit
@@ -275,13 +377,14 @@ def _head_rmsnorm_k(X, xo, heads, D, w, eps, out, R):
 
 def head_rmsnorm(X, xo, heads, D, w, eps, out, R):
     b, t = _grid(R * heads, 32)
-    _head_rmsnorm_k[b, t](X, xo, heads, D, w, F32(eps), out, R)
+    _go(_head_rmsnorm_k, b, t, X, xo, heads, D, w, F32(eps), out, R)
 
 
 @cuda.jit
-def _rope_k(X, heads, D, half, cos, sin, start, R):
+def _rope_k(X, heads, D, half, cos, sin, start, pb, R):
     i = cuda.grid(1)
     if i < R * heads * half:
+        start = start + pb[0]
         r = i // (heads * half)
         rem = i - r * heads * half
         h = rem // half
@@ -290,29 +393,33 @@ def _rope_k(X, heads, D, half, cos, sin, start, R):
         rope_pair(X, r, h * D + j, half, cos[p, j], sin[p, j])
 
 
-def rope(X, heads, D, half, cos, sin, start, R):
+def rope(X, heads, D, half, cos, sin, start, R, pos=None):
+    """``pos``: an int32 [1] device array added to ``start`` (the device-side position of a
+    captured step, :func:`capture`); None adds zero."""
     b, t = _grid(R * heads * half)
-    _rope_k[b, t](X, heads, D, half, cos, sin, start, R)
+    _go(_rope_k, b, t, X, heads, D, half, cos, sin, start, zero_pos() if pos is None else pos, R)
 
 
 @cuda.jit
-def _kv_write_k(Kh, ko, Vh, vo, kc, vc, start, R):
+def _kv_write_k(Kh, ko, Vh, vo, kc, vc, start, pb, R):
     i = cuda.grid(1)
     N = kc.shape[1]
     if i < R * N:
+        start = start + pb[0]
         r = i // N
         c = i - r * N
         kc[start + r, c] = Kh[r, ko + c]
         vc[start + r, c] = Vh[r, vo + c]
 
 
-def kv_write(Kh, ko, Vh, vo, kc, vc, start, R):
+def kv_write(Kh, ko, Vh, vo, kc, vc, start, R, pos=None):
+    """``pos`` as in :func:`rope`."""
     b, t = _grid(R * kc.shape[1])
-    _kv_write_k[b, t](Kh, ko, Vh, vo, kc, vc, start, R)
+    _go(_kv_write_k, b, t, Kh, ko, Vh, vo, kc, vc, start, zero_pos() if pos is None else pos, R)
 
 
 @cuda.jit
-def _attn_k(Q, kc, vc, out, start, hq, hkv, D, scale):
+def _attn_k(Q, kc, vc, out, start, pb, hq, hkv, D, scale):
     r = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -320,7 +427,7 @@ def _attn_k(Q, kc, vc, out, start, hq, hkv, D, scale):
     kvh = h // (hq // hkv)
     qo = h * D
     ko = kvh * D
-    pos = start + r
+    pos = start + pb[0] + r
     sc = cuda.shared.array(TILE, np.float32)
     acc = F32(0.0)
     m = F32(0.0)
@@ -361,10 +468,11 @@ def _attn_k(Q, kc, vc, out, start, hq, hkv, D, scale):
         out[r, qo + tid] = acc / l
 
 
-def attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale):
-    """One block per (row, head), tiles merged in order as they are computed."""
+def attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """One block per (row, head), tiles merged in order as they are computed. ``pos`` as in
+    :func:`rope`."""
     nt = max(32, min(1024, ((D + 31) // 32) * 32))
-    _attn_k[(R, hq), nt](Q, kc, vc, out, start, hq, hkv, D, F32(scale))
+    _go(_attn_k, (R, hq), nt, Q, kc, vc, out, start, zero_pos() if pos is None else pos, hq, hkv, D, F32(scale))
 
 
 @cuda.jit
@@ -379,7 +487,7 @@ def _sigmoid_gate_k(O, G, go, out, R):
 
 def sigmoid_gate(O, G, go, out, R):
     b, t = _grid(R * O.shape[1])
-    _sigmoid_gate_k[b, t](O, G, go, out, R)
+    _go(_sigmoid_gate_k, b, t, O, G, go, out, R)
 
 
 @cuda.jit
@@ -391,7 +499,7 @@ def _route_k(L, topk, renorm, P, idx, wts, R):
 
 def moe_route(L, topk, renorm, P, idx, wts, R):
     b, t = _grid(R, 32)
-    _route_k[b, t](L, topk, renorm, P, idx, wts, R)
+    _go(_route_k, b, t, L, topk, renorm, P, idx, wts, R)
 
 
 @cuda.jit
@@ -410,7 +518,7 @@ def _moe_up_k(X, G2, U2, idx, I, act, R):
 
 def moe_up(X, G2, U2, idx, I, act, R):
     b, t = _grid(R * idx.shape[1] * I)
-    _moe_up_k[b, t](X, G2, U2, idx, I, act, R)
+    _go(_moe_up_k, b, t, X, G2, U2, idx, I, act, R)
 
 
 @cuda.jit
@@ -428,7 +536,7 @@ def _moe_down_k(act, D2, idx, H, y, R):
 
 def moe_down(act, D2, idx, H, y, R):
     b, t = _grid(R * idx.shape[1] * H)
-    _moe_down_k[b, t](act, D2, idx, H, y, R)
+    _go(_moe_down_k, b, t, act, D2, idx, H, y, R)
 
 
 @cuda.jit
@@ -449,7 +557,7 @@ def _moe_combine_k(y, wts, SH, sgl, shared, out, R):
 
 def moe_combine(y, wts, SH, sgl, shared, out, R):
     b, t = _grid(R * out.shape[1])
-    _moe_combine_k[b, t](y, wts, SH, sgl, shared, out, R)
+    _go(_moe_combine_k, b, t, y, wts, SH, sgl, shared, out, R)
 
 
 @cuda.jit
@@ -465,7 +573,7 @@ def _nonfinite_k(X, R, flags, slot):
 
 def nonfinite_flag(X, R, flags, slot):
     b, t = _grid(R * X.shape[1])
-    _nonfinite_k[b, t](X, R, flags, slot)
+    _go(_nonfinite_k, b, t, X, R, flags, slot)
 
 
 from .cuda_linear import linear  # noqa: E402,F401  (fast GEMV/GEMM in the same order)

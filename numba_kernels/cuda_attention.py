@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .cuda import attention_tiled, dot_rows, exp32, fma, fmul, merge_acc, merge_scale
+from .cuda import _go, attention_tiled, dot_rows, exp32, fma, fmul, merge_acc, merge_scale, zero_pos
 
 F32 = np.float32
 TILE = 64
@@ -20,13 +20,13 @@ MAX_STATS_BYTES = 256 * 1024 * 1024
 
 
 @cuda.jit
-def _tile_stats_k(Q, kc, vc, start, hq, hkv, D, scale, stats):
+def _tile_stats_k(Q, kc, vc, start, pb, hq, hkv, D, scale, stats):
     r = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tix = cuda.blockIdx.z
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    pos = start + r
+    pos = start + pb[0] + r
     if tix > pos // TILE:
         return
     kvh = h // (hq // hkv)
@@ -60,10 +60,10 @@ def _tile_stats_k(Q, kc, vc, start, hq, hkv, D, scale, stats):
 
 
 @cuda.jit
-def _merge_k(stats, start, D, out):
+def _merge_k(stats, start, pb, D, out):
     r = cuda.blockIdx.x
     h = cuda.blockIdx.y
-    ntiles = (start + r) // TILE + 1
+    ntiles = (start + pb[0] + r) // TILE + 1
     for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
         m = stats[r, h, 0, 0]
         l = stats[r, h, 0, 1]
@@ -79,9 +79,11 @@ SPLIT_MAX_ROWS = 16
 _STATS = {}
 
 
-def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale):
-    """Returns False (did nothing) when the per-tile statistics would not fit."""
-    ntiles = (start + R - 1) // TILE + 1
+def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """Returns False (did nothing) when the per-tile statistics would not fit. With ``pos`` (the
+    device-side position added to ``start``) the grid covers the cache's capacity, tiles past a
+    row's position exit at once."""
+    ntiles = (start + R - 1) // TILE + 1 if pos is None else (kc.shape[0] - 1) // TILE + 1
     need = R * hq * ntiles * (D + 2) * 4
     if need > MAX_STATS_BYTES:
         return False
@@ -90,13 +92,15 @@ def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale):
         buf = _STATS["buf"] = cuda.device_array(max(R * hq * ntiles * (D + 2), 1 << 20), np.float32)
     stats = buf[: R * hq * ntiles * (D + 2)].reshape(R, hq, ntiles, D + 2)
     nt = max(32, min(256, ((D + 31) // 32) * 32))
-    _tile_stats_k[(R, hq, ntiles), nt](Q, kc, vc, start, hq, hkv, D, F32(scale), stats)
-    _merge_k[(R, hq), nt](stats, start, D, out)
+    pb = zero_pos() if pos is None else pos
+    _go(_tile_stats_k, (R, hq, ntiles), nt, Q, kc, vc, start, pb, hq, hkv, D, F32(scale), stats)
+    _go(_merge_k, (R, hq), nt, stats, start, pb, D, out)
     return True
 
 
-def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale):
-    """Few rows: split-KV; many rows (prime) or stats too large: one block per (row, head)."""
-    if R <= SPLIT_MAX_ROWS and attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale):
+def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """Few rows: split-KV; many rows (prime) or stats too large: one block per (row, head).
+    ``pos``: an int32 [1] device array added to ``start`` (see ``cuda.rope``)."""
+    if R <= SPLIT_MAX_ROWS and attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos):
         return
-    attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale)
+    attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos)

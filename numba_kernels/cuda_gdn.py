@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .cuda import exp32, fma, fmul
+from .cuda import _go, exp32, fma, fmul
 
 F32 = np.float32
 SLICE = 32
@@ -91,4 +91,4 @@ def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
     if dk > MAX_DK:
         raise ValueError(f"linear_key_head_dim {dk} > {MAX_DK} is not supported by the CUDA recurrence")
     grid = (nv, (dv + COLS - 1) // COLS)
-    _gdn_fast_k[grid, (nsl, COLS)](Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)
+    _go(_gdn_fast_k, grid, (nsl, COLS), Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)

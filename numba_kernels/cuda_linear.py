@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .cuda import fma
+from .cuda import _go, fma
 
 F32 = np.float32
 SLICE = 32
@@ -128,13 +128,13 @@ def _gemm_k(X, W, out, R):
 
 def gemv(X, W, out, R):
     N = W.shape[0]
-    _gemv_k[(N + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS](X, W, out, R)
+    _go(_gemv_k, (N + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
 
 
 def gemm(X, W, out, R):
     N = W.shape[0]
     grid = ((N + BN - 1) // BN, (R + BM - 1) // BM)
-    _gemm_k[grid, (16, 16)](X, W, out, R)
+    _go(_gemm_k, grid, (16, 16), X, W, out, R)
 
 
 def linear(X, W, out, R):

@@ -122,10 +122,10 @@ SCRIPT = textwrap.dedent(r'''
     ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
     assert eg.B.name == "cuda"
     ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, 75)
-    sc = ec.new_session(80)
+    sc = ec.new_session(96)
     ec.prime_chunk(sc, ids[:70])
     snap = sc.cache.snapshot()
-    sg = eg.new_session(80)
+    sg = eg.new_session(96)
     sg.cache.restore(snap)  # host planes into device planes
     model = {}
 
@@ -150,6 +150,31 @@ SCRIPT = textwrap.dedent(r'''
     lg, _ = eg.decode_step(sg, int(ids[72]))
     cmp("decode after rollback p72", lg, lc)
     model["final digest"] = dict(rel=0.0 if sg.cache.digest() == sc.cache.digest() else float("inf"), bitwise=True)
+    # captured steps (Engine._step): each key runs eagerly once with the position on the device,
+    # then is captured (recorded launches under the simulator) and replayed with new inputs and
+    # positions; and the MTP rows, whose hidden input is copied into the capture's own buffer
+    assert eg.graphs and not ec.graphs
+    more = np.random.default_rng(2).integers(0, ck.config.vocab_size, 8)
+    for i in range(3):
+        lc, hc = ec.decode_step(sc, int(more[i]))
+        lg, hg = eg.decode_step(sg, int(more[i]))
+        cmp(f"captured decode p{73 + i}", lg, lc)
+    for i in range(3):
+        lc, hc2 = ec.target_step(sc, more[3 + i:5 + i], capture=True)
+        lg, hg2 = eg.target_step(sg, more[3 + i:5 + i], capture=True)
+        cmp(f"captured target_step p{76 + i} R2", lg, lc)
+        ec.rollback(sc, 1)
+        eg.rollback(sg, 1)
+    for i in range(3):
+        h_in = r(1, ck.config.hidden_size)
+        lc, oc = ec.mtp_rows(sc, [int(more[i])], h_in, i, logits_rows=1)
+        lg, og = eg.mtp_rows(sg, [int(more[i])], eg.B.upload(h_in), i, logits_rows=1)
+        cmp(f"captured mtp row p{i}", lg, lc)
+        cmp(f"captured mtp row p{i} hidden", eg.B.download(og), oc)
+    n_graphs = len(sg.cache.graphs)
+    model["captured steps"] = dict(rel=0.0 if n_graphs == 3 else float("inf"), bitwise=True)
+    model["captured final digest"] = dict(rel=0.0 if sg.cache.digest() == sc.cache.digest() else float("inf"),
+                                          bitwise=True)
     model_s = time.time() - t1
     print("RESULT " + json.dumps(dict(ops=out, model=model, ops_s=ops_s, model_s=model_s)))
 ''')
@@ -180,7 +205,8 @@ def test_ops_match_cpu(sim):
 def test_tiny_model_matches_cpu(sim):
     m = sim["model"]
     for k in ("restored digest", "target_step p70 R3 logits", "target_step p70 R3 hidden",
-              "decode after rollback p72", "final digest"):
+              "decode after rollback p72", "final digest", "captured decode p75", "captured target_step p78 R2",
+              "captured mtp row p2", "captured steps", "captured final digest"):
         assert k in m, k
     assert any(k.startswith("after rollback layers.") for k in m)
     bad = {k: v["rel"] for k, v in m.items() if not v["rel"] <= TOL}
