@@ -41,8 +41,9 @@ def op_cases(rng, full: bool = True):
         x = np.concatenate([_r(rng, n - 8, scale=30.0), np.array([0, -0.0, 88.7, -103.9, 20, -20, 1e-8, -1e-8], F32)])
         for op in ("map_exp", "map_sigmoid", "map_silu", "map_softplus"):
             add(op, f"n{n}", (x, np.zeros_like(x)), [1])
-    lin = [(1, 2048, 8192 + 256), (7, 2048, 2048), (64, 2048, 5632), (3, 64, 260), (130, 97, 33)]
-    for R, K, N in (lin if full else lin[3:]):
+    lin = [(1, 2048, 8192 + 256), (4, 5632, 2048), (2, 1100, 77), (7, 2048, 2048), (64, 2048, 5632), (3, 64, 260),
+           (130, 97, 33)]
+    for R, K, N in (lin if full else lin[5:]):
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
     ids = rng.integers(0, 260, 9).astype(np.int32)
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])

@@ -69,6 +69,7 @@ silu32 = _B["silu32"]
 softplus32 = _B["softplus32"]
 dot_rows = _B["dot_rows"]
 rms_inv = _B["rms_inv"]
+rms_scale = _B["rms_scale"]
 l2_inv = _B["l2_inv"]
 conv_channel = _B["conv_channel"]
 gdn_column = _B["gdn_column"]
@@ -248,12 +249,34 @@ def embed(ids, table, out):
     _go(_embed_k, b, t, ids, table, out, R)
 
 
+RMS_MAX_SLICES = 1024  # rows of up to 32768 get their slice partials in parallel
+
+
 @cuda.jit
 def _rmsnorm_k(X, w, eps, out, oo, R):
+    """One block per row. The canonical dot of the row with itself: the block's threads compute
+    the 32-element slice partials (each an fma chain from +0, as in ``dot_rows``), then one
+    thread adds them left to right -- the same operations in the same order as one thread
+    doing it all."""
     r = cuda.blockIdx.x
     inv_s = cuda.shared.array(1, np.float32)
+    ps = cuda.shared.array(RMS_MAX_SLICES, np.float32)
     N = X.shape[1]
-    if cuda.threadIdx.x == 0:
+    nsl = (N + 31) // 32
+    if nsl <= RMS_MAX_SLICES:
+        for s in range(cuda.threadIdx.x, nsl, cuda.blockDim.x):
+            k1 = min(s * 32 + 32, N)
+            part = F32(0.0)
+            for i in range(s * 32, k1):
+                part = fma(X[r, i], X[r, i], part)
+            ps[s] = part
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            ss = F32(0.0)
+            for s in range(nsl):
+                ss = ss + ps[s]
+            inv_s[0] = rms_scale(ss, N, eps)
+    elif cuda.threadIdx.x == 0:
         inv_s[0] = rms_inv(X, r, 0, N, eps)
     cuda.syncthreads()
     inv = inv_s[0]

@@ -161,11 +161,15 @@ def dot_col(S, h, j, B, rb, bo, n):
     return acc
 
 
+def rms_scale(ss, n, eps):
+    """1 / sqrt(ss / n + eps) in float32 (``ss``: the canonical dot of a row with itself)."""
+    return ONE / math.sqrt(ss / F32(n) + F32(eps))
+
+
 def rms_inv(X, r, off, n, eps):
     """1 / sqrt(mean(x²) + eps) over X[r, off:off+n], all in float32: ``eps`` is rounded to
     float32 first (a Python float would make the CPU twin add, sqrt and divide in float64)."""
-    ss = dot_rows(X, r, off, X, r, off, n)
-    return ONE / math.sqrt(ss / F32(n) + F32(eps))
+    return rms_scale(dot_rows(X, r, off, X, r, off, n), n, eps)
 
 
 def l2_inv(X, r, off, n):
@@ -268,7 +272,7 @@ def route_row(L, r, E, topk, renorm, P, idx, wts):
 
 
 BODIES = [
-    pow2, exp32, log1p_unit, sigmoid32, silu32, softplus32, dot_rows, dot_col, rms_inv, l2_inv,
+    pow2, exp32, log1p_unit, sigmoid32, silu32, softplus32, dot_rows, dot_col, rms_scale, rms_inv, l2_inv,
     conv_channel, gdn_column, rope_pair, merge_scale, merge_acc, route_row,
 ]
 
