@@ -265,10 +265,24 @@ def _rmsnorm_k(X, w, eps, out, oo, R):
     nsl = (N + 31) // 32
     if nsl <= RMS_MAX_SLICES:
         for s in range(cuda.threadIdx.x, nsl, cuda.blockDim.x):
-            k1 = min(s * 32 + 32, N)
+            k0 = s * 32
+            k1 = min(k0 + 32, N)
             part = F32(0.0)
-            for i in range(s * 32, k1):
-                part = fma(X[r, i], X[r, i], part)
+            if k1 - k0 == 32:  # a whole slice: eight loads in flight, then their eight fmas
+                for b in range(k0, k1, 8):
+                    a0, a1, a2, a3 = X[r, b], X[r, b + 1], X[r, b + 2], X[r, b + 3]
+                    a4, a5, a6, a7 = X[r, b + 4], X[r, b + 5], X[r, b + 6], X[r, b + 7]
+                    part = fma(a0, a0, part)
+                    part = fma(a1, a1, part)
+                    part = fma(a2, a2, part)
+                    part = fma(a3, a3, part)
+                    part = fma(a4, a4, part)
+                    part = fma(a5, a5, part)
+                    part = fma(a6, a6, part)
+                    part = fma(a7, a7, part)
+            else:
+                for i in range(k0, k1):
+                    part = fma(X[r, i], X[r, i], part)
             ps[s] = part
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:

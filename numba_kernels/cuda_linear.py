@@ -196,16 +196,114 @@ def _gemv2_k(X, W, out, R):
             out[r, o] = acc[r]
 
 
-# PRIMEWALK_LINEAR=v1 selects the first GEMV (same arithmetic; kept to compare and to fall back)
-GEMV_VERSION = os.environ.get("PRIMEWALK_LINEAR", "v2")
+GEMV3_WARPS = 8  # 256 threads: the input staging below assumes it
+
+
+@cuda.jit
+def _gemv3_k(X, W, out, R):
+    """``_gemv2_k`` with its loads issued in batches (a GPU waits for a load only where its value
+    is used, so 16 loads in a row are in flight together; the loops of ``_gemv2_k`` store each
+    value to shared memory before the next load). Block of 256 threads. Same order."""
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    w = tid >> 5
+    o = cuda.blockIdx.x * GEMV3_WARPS + w
+    N, K = W.shape
+    oc = min(o, N - 1)  # a warp past the last column repeats it and stores nothing
+    Ws = cuda.shared.array((GEMV3_WARPS, 32, 32), np.float32)  # [warp, slice, element ^ slice]
+    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 32), np.float32)  # [row, slice, element ^ slice]
+    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
+    parts = cuda.local.array(GEMV_MAX_ROWS, np.float32)
+    for r in range(GEMV_MAX_ROWS):
+        acc[r] = F32(0.0)
+    nsl = (K + SLICE - 1) // SLICE
+    for base in range(0, nsl, 32):
+        k_base = base * SLICE
+        for r in range(R):  # 1024 inputs of row r: 4 per thread, loaded before stored
+            i1, i2, i3 = tid + 256, tid + 512, tid + 768
+            g0 = k_base + tid
+            x0 = X[r, g0] if g0 < K else F32(0.0)
+            x1 = X[r, g0 + 256] if g0 + 256 < K else F32(0.0)
+            x2 = X[r, g0 + 512] if g0 + 512 < K else F32(0.0)
+            x3 = X[r, g0 + 768] if g0 + 768 < K else F32(0.0)
+            Xs[r, tid >> 5, (tid & 31) ^ (tid >> 5)] = x0
+            Xs[r, i1 >> 5, (i1 & 31) ^ (i1 >> 5)] = x1
+            Xs[r, i2 >> 5, (i2 & 31) ^ (i2 >> 5)] = x2
+            Xs[r, i3 >> 5, (i3 & 31) ^ (i3 >> 5)] = x3
+        if k_base + 1024 <= K:
+            for j0 in range(0, 32, 16):
+                kk = k_base + j0 * 32 + lane
+                v0 = W[oc, kk + 0]
+                v1 = W[oc, kk + 32]
+                v2 = W[oc, kk + 64]
+                v3 = W[oc, kk + 96]
+                v4 = W[oc, kk + 128]
+                v5 = W[oc, kk + 160]
+                v6 = W[oc, kk + 192]
+                v7 = W[oc, kk + 224]
+                v8 = W[oc, kk + 256]
+                v9 = W[oc, kk + 288]
+                v10 = W[oc, kk + 320]
+                v11 = W[oc, kk + 352]
+                v12 = W[oc, kk + 384]
+                v13 = W[oc, kk + 416]
+                v14 = W[oc, kk + 448]
+                v15 = W[oc, kk + 480]
+                Ws[w, j0 + 0, lane ^ (j0 + 0)] = v0
+                Ws[w, j0 + 1, lane ^ (j0 + 1)] = v1
+                Ws[w, j0 + 2, lane ^ (j0 + 2)] = v2
+                Ws[w, j0 + 3, lane ^ (j0 + 3)] = v3
+                Ws[w, j0 + 4, lane ^ (j0 + 4)] = v4
+                Ws[w, j0 + 5, lane ^ (j0 + 5)] = v5
+                Ws[w, j0 + 6, lane ^ (j0 + 6)] = v6
+                Ws[w, j0 + 7, lane ^ (j0 + 7)] = v7
+                Ws[w, j0 + 8, lane ^ (j0 + 8)] = v8
+                Ws[w, j0 + 9, lane ^ (j0 + 9)] = v9
+                Ws[w, j0 + 10, lane ^ (j0 + 10)] = v10
+                Ws[w, j0 + 11, lane ^ (j0 + 11)] = v11
+                Ws[w, j0 + 12, lane ^ (j0 + 12)] = v12
+                Ws[w, j0 + 13, lane ^ (j0 + 13)] = v13
+                Ws[w, j0 + 14, lane ^ (j0 + 14)] = v14
+                Ws[w, j0 + 15, lane ^ (j0 + 15)] = v15
+        else:
+            for j in range(32):
+                gk = k_base + j * 32 + lane
+                Ws[w, j, lane ^ j] = W[oc, gk] if gk < K else F32(0.0)
+        cuda.syncthreads()
+        n_in = min(SLICE, K - (k_base + lane * SLICE))
+        m = min(32, nsl - base)
+        for r in range(R):
+            part = F32(0.0)
+            for e in range(n_in):
+                part = fma(Xs[r, lane, e ^ lane], Ws[w, lane, e ^ lane], part)
+            parts[r] = part
+        _syncwarp()  # the warp's tile is read: its first rows take the partials
+        for r in range(R):
+            Ws[w, r, lane] = parts[r]
+        _syncwarp()
+        for r in range(R):
+            a = acc[r]
+            for src in range(m):
+                a = a + Ws[w, r, src]
+            acc[r] = a
+        cuda.syncthreads()
+    if lane == 0 and o < N:
+        for r in range(R):
+            out[r, o] = acc[r]
+
+
+# PRIMEWALK_LINEAR=v1|v2 selects an earlier GEMV (same arithmetic; kept to compare and to fall back)
+GEMV_VERSION = os.environ.get("PRIMEWALK_LINEAR", "v3")
 
 
 def gemv(X, W, out, R):
     N = W.shape[0]
     if GEMV_VERSION == "v1":
         _go(_gemv_k, (N + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
-    else:
+    elif GEMV_VERSION == "v2":
         _go(_gemv2_k, (N + GEMV2_WARPS - 1) // GEMV2_WARPS, 32 * GEMV2_WARPS, X, W, out, R)
+    else:
+        _go(_gemv3_k, (N + GEMV3_WARPS - 1) // GEMV3_WARPS, 32 * GEMV3_WARPS, X, W, out, R)
 
 
 def gemm(X, W, out, R):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Decode-step kernels on the GPU, in isolation: the GEMV (``PRIMEWALK_LINEAR`` v1 and v2) at the
-bench-8l decode shapes and rmsnorm, each timed with CUDA events over repeated launches, and v2
-checked bit for bit against the CPU twin on ragged shapes. Writes JSON; exit 1 when v2 differs.
+"""Decode-step kernels on the GPU, in isolation: the GEMV (``PRIMEWALK_LINEAR`` v1, v2, v3) at the
+bench-8l decode shapes and rmsnorm, each timed with CUDA events over repeated launches, every
+version checked bit for bit against the CPU twin on ragged shapes. Writes JSON; exit 1 when the
+default version (v3) differs.
 
     PYTHONPATH=. python tools/decode_kernels.py --out decode-kernels.json
 """
@@ -26,6 +27,9 @@ def main(argv=None) -> int:
     from numba_kernels import cuda as kc  # noqa: F401  (imports cuda_linear in order)
     from numba_kernels import cuda_linear as cl
 
+    default = cl.GEMV_VERSION
+    VERSIONS = ("v1", "v2", "v3")  # the last is the default; exit 1 when it differs from the twin
+
     rng = np.random.default_rng(0)
     res = {"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
            else str(cuda.get_current_device().name), "bitwise": [], "timing": []}
@@ -36,12 +40,12 @@ def main(argv=None) -> int:
         want = np.zeros((R, N), np.float32)
         kp.linear(X, W, want, R)
         row = {"R": R, "K": K, "N": N}
-        for ver in ("v1", "v2"):
+        for ver in VERSIONS:
             cl.GEMV_VERSION = ver
             d = cuda.device_array((R, N), np.float32)
             cl.gemv(cuda.to_device(X), cuda.to_device(W), d, R)
             row[ver] = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
-        ok &= row["v2"]
+        ok &= row[VERSIONS[-1]]
         res["bitwise"].append(row)
         print("bitwise", row, flush=True)
     start, stop = cuda.event(), cuda.event()
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
         W = cuda.to_device((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
         y = cuda.device_array((1, N), np.float32)
         row = {"op": name, "K": K, "N": N, "bytes": 4 * K * N}
-        for ver in ("v1", "v2"):
+        for ver in VERSIONS:
             cl.GEMV_VERSION = ver
             us = timed(lambda: cl.gemv(X, W, y, 1))
             row[f"{ver}_us"] = us
@@ -76,7 +80,8 @@ def main(argv=None) -> int:
     y = cuda.device_array((1, 2048), np.float32)
     res["rmsnorm_R1_N2048_us"] = timed(lambda: kc.rmsnorm(X, w, np.float32(1e-6), y, 0, 1))
     print("rmsnorm R1 N2048 us", res["rmsnorm_R1_N2048_us"], flush=True)
-    res["v2_bitwise"] = bool(ok)
+    cl.GEMV_VERSION = default
+    res["default"], res["default_bitwise"] = default, bool(ok)
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1
 
