@@ -181,18 +181,19 @@ def _cpu_name() -> str:
 def env_info(backend: str, device: str | None = None, driver: str | None = None) -> dict:
     """The ``env`` block of a receipt: code version, library versions, machine.
 
-    ``git_sha`` / ``git_dirty`` describe the checkout this package was imported from (tracked
-    files only); outside a git repository they come from ``$PRIMEWALK_COMMIT`` (and
-    ``$PRIMEWALK_DIRTY``, non-empty = dirty) when set, else None. ``device`` defaults to
-    the CPU's model name on the cpu backend. numba's version is read from package metadata, so
-    this never imports numba.
+    ``git_sha`` / ``git_dirty`` come from ``$PRIMEWALK_COMMIT`` (and ``$PRIMEWALK_DIRTY``,
+    non-empty = dirty) when it is set -- the caller names the commit of a copied tree, e.g. on a
+    GPU box whose copy may carry an older ``.git`` under newer files -- else from the checkout
+    this package was imported from (tracked files only), else None. ``device`` defaults to the
+    CPU's model name on the cpu backend. numba's version is read from package metadata, so this
+    never imports numba.
     """
-    here = os.path.dirname(os.path.abspath(__file__))
-    sha = _git(["rev-parse", "--verify", "--quiet", "HEAD"], here)
-    status = _git(["status", "--porcelain", "--untracked-files=no"], here)
-    if sha is None and os.environ.get("PRIMEWALK_COMMIT"):
-        # a copy of the tree without .git (e.g. on a GPU box): the caller names the commit
+    if os.environ.get("PRIMEWALK_COMMIT"):
         sha, status = os.environ["PRIMEWALK_COMMIT"], os.environ.get("PRIMEWALK_DIRTY", "")
+    else:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sha = _git(["rev-parse", "--verify", "--quiet", "HEAD"], here)
+        status = _git(["status", "--porcelain", "--untracked-files=no"], here)
     import numpy
 
     return {
