@@ -46,6 +46,14 @@ prompt just does not apply to it); a fraction that does not skips that cell with
 applies to prompts of at most ``fill_chunk`` rows and primes with ``fill_chunk`` = the prompt
 length. ``yielded-with-peer`` advances one chunk at a time with a peer session decoding a token
 between chunks (optionally split and checkpointed).
+
+Built-in specs are the ``*.toml`` files under ``harness/specs/``: ``default.toml`` (the README's
+main job, on the trained stdlib-small model; what ``harness run-matrix`` runs), ``tiny.toml``
+(the random tiny model: the quick matrix) and ``stdlib.toml`` (the acceptance matrix). Each
+built-in spec ``<stem>`` has its golden CPU receipt at ``receipts/golden/<stem>.json``
+(:func:`golden_path`), re-recorded only by ``harness run-matrix [--spec harness/specs/<stem>.toml]
+--update-golden`` (cpu backend, no --out / --shard / --model; a cell that fails leaves the golden
+as it was).
 """
 
 from __future__ import annotations
@@ -66,8 +74,9 @@ from .schedule import PRIME_MIN_T
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_SPEC = os.path.join(HERE, "specs", "default.toml")
-GOLDEN_PATH = os.path.join(REPO, "receipts", "golden", "default.json")
+SPECS_DIR = os.path.join(HERE, "specs")  # the built-in specs; each has a golden receipt
+GOLDEN_DIR = os.path.join(REPO, "receipts", "golden")
+DEFAULT_SPEC = os.path.join(SPECS_DIR, "default.toml")
 GDN_GRID = 64  # fractional points round down to this grid (the seed's gdn_chunk_size)
 EMBEDDED = "tiny"
 
@@ -94,6 +103,28 @@ MODES = ("exact", "chunked")
 BACKENDS = ("cpu", "cuda")
 PEER_PROMPT_LEN = 64
 PEER_SEED = 1234
+
+
+def golden_path(stem: str) -> str:
+    """The golden receipt of the built-in spec ``harness/specs/<stem>.toml``."""
+    return os.path.join(GOLDEN_DIR, f"{stem}.json")
+
+
+GOLDEN_PATH = golden_path("default")  # the default spec's golden
+
+
+def builtin_specs() -> dict:
+    """The built-in specs, stem -> path: every ``*.toml`` directly under ``harness/specs/``."""
+    return {os.path.splitext(n)[0]: os.path.join(SPECS_DIR, n) for n in sorted(os.listdir(SPECS_DIR))
+            if n.endswith(".toml") and os.path.isfile(os.path.join(SPECS_DIR, n))}
+
+
+def builtin_stem(path) -> str | None:
+    """The stem of ``path`` if it is a built-in spec (a ``.toml`` directly under harness/specs/)."""
+    full = os.path.realpath(os.fspath(path))
+    if os.path.dirname(full) != os.path.realpath(SPECS_DIR) or not full.endswith(".toml"):
+        return None
+    return os.path.splitext(os.path.basename(full))[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,6 +196,7 @@ class MatrixSpec:
     mode: str
     backend: str
     data: dict = field(default_factory=dict)  # the normalised spec, as recorded in the receipt
+    builtin: str | None = None  # the stem of a built-in spec (harness/specs/<stem>.toml), else None
 
     @property
     def is_default(self) -> bool:
@@ -172,7 +204,14 @@ class MatrixSpec:
 
     @property
     def stem(self) -> str:
+        if self.builtin:
+            return self.builtin
         return "default" if self.is_default else os.path.splitext(os.path.basename(self.source))[0]
+
+    @property
+    def golden(self) -> str | None:
+        """Where this spec's golden receipt lives (built-in specs only), else None."""
+        return golden_path(self.builtin) if self.builtin else None
 
 
 def _show(value) -> str:
@@ -508,10 +547,19 @@ def _safe_stem(path: str) -> str:
 
 
 def load_spec(path: str | None = None, backend: str | None = None, model: str | None = None) -> MatrixSpec:
-    """Read and validate the spec at ``path`` (None or ``"default"``: the built-in default)."""
-    builtin = path is None or path == "default"
-    full = DEFAULT_SPEC if builtin else os.fspath(path)
-    where = os.path.relpath(DEFAULT_SPEC, REPO) if builtin else full
+    """Read and validate the spec at ``path`` (None or ``"default"``: the built-in default).
+
+    A spec under ``harness/specs/`` is *built-in*, however its path is written: its ``source`` is
+    ``"default"`` for the default and the repository-relative path for the others, and its golden
+    receipt is ``receipts/golden/<stem>.json``.
+    """
+    full = DEFAULT_SPEC if path is None or path == "default" else os.fspath(path)
+    stem = builtin_stem(full)
+    if stem is not None:
+        where = os.path.relpath(os.path.join(SPECS_DIR, f"{stem}.toml"), REPO)
+        source = "default" if stem == "default" else where
+    else:
+        where = source = full
     try:
         with open(full, "rb") as f:
             data = tomllib.load(f)
@@ -519,8 +567,10 @@ def load_spec(path: str | None = None, backend: str | None = None, model: str | 
         raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
-    return parse_spec(data, where=where, source="default" if builtin else full,
+    spec = parse_spec(data, where=where, source=source,
                       base_dir=os.path.dirname(os.path.abspath(full)), backend=backend, model=model)
+    spec.builtin = stem
+    return spec
 
 
 # ------------------------------------------------------------------------------------------------
@@ -986,9 +1036,11 @@ def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
     spec = load_spec(args.spec, backend=args.backend, model=args.model)
     if args.update_golden:
+        if spec.golden is None:
+            raise PrimewalkError(f"--update-golden: {spec.where} is not a built-in spec; only the specs under "
+                                 f"{os.path.relpath(SPECS_DIR, REPO)}/ have a golden receipt "
+                                 f"({os.path.relpath(GOLDEN_DIR, REPO)}/<stem>.json)")
         why = []
-        if not spec.is_default:
-            why.append(f"the spec is {spec.source}")
         if spec.backend != "cpu":
             why.append(f"the backend is {spec.backend}")
         if args.model is not None:
@@ -998,10 +1050,10 @@ def cmd_run_matrix(args) -> int:
         if args.out is not None:
             why.append("--out is given (the golden's path is fixed)")
         if why:
-            raise PrimewalkError("--update-golden only records the default spec on the cpu backend "
-                                 f"(unsharded, embedded model) to {os.path.relpath(GOLDEN_PATH)}; here "
+            raise PrimewalkError("--update-golden only records a built-in spec on the cpu backend "
+                                 f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
                                  + ", ".join(why))
-    out = GOLDEN_PATH if args.update_golden else (args.out or default_out(spec, shard))
+    out = spec.golden if args.update_golden else (args.out or default_out(spec, shard))
     receipt = run_matrix(spec, shard, quiet=args.quiet)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
     if args.update_golden and failed:
@@ -1028,17 +1080,21 @@ def register(subparsers) -> None:
                     "speculatively, judge each cell against its unyielded oracle (bitwise or fail) and "
                     "write the receipt (JSON + CSV) and its figures.",
         epilog="examples:\n"
-               "  harness run-matrix                                   # built-in default spec, cpu\n"
+               "  harness run-matrix                                   # built-in default spec (stdlib-small), cpu\n"
                "  harness run-matrix --spec my.toml --out out/my.json\n"
                "  harness run-matrix --backend cuda --out receipts/device/h200-default.json\n"
                "  harness run-matrix --shard 0/2 --out out/s0.json && harness run-matrix --shard 1/2 "
                "--out out/s1.json\n"
                "  harness merge out/default.json out/s0.json out/s1.json\n"
+               "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
+               "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
+               "  (--update-golden takes the built-in specs under harness/specs/ only, on the cpu backend)\n"
                "exit status: 0 all cells bitwise, 1 a cell failed, 2 unusable spec or input",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", metavar="FILE", default=None,
-                   help="matrix spec (TOML); default: the built-in harness/specs/default.toml")
+                   help="matrix spec (TOML); default: the built-in harness/specs/default.toml "
+                        "(stdlib-small); harness/specs/tiny.toml is the quick one")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="run every cell on this checkpoint folder instead of the spec's models")
     p.add_argument("--backend", choices=BACKENDS, default=None,
@@ -1048,7 +1104,8 @@ def register(subparsers) -> None:
     p.add_argument("--shard", metavar="I/N", default=None,
                    help="run only cells i with i %% N == I (join shards with harness merge)")
     p.add_argument("--update-golden", action="store_true",
-                   help="write receipts/golden/default.json (default spec, cpu backend only)")
+                   help="write the spec's golden receipt, receipts/golden/<stem>.json (built-in specs "
+                        "under harness/specs/ only, cpu backend, no --out/--shard/--model)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no per-cell lines")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
     p.set_defaults(func=cmd_run_matrix)

@@ -15,9 +15,12 @@
 # # MTP acceptance
 #
 # How often the MTP head's drafts are accepted: per-position acceptance rates, mean acceptance
-# length (1 + accepted / drafts) and the accept-count histogram per K, as vLLM defines them.
-# Greedy acceptance must not depend on the prefill schedule or on the device; the last cells
-# check both. This notebook only reads receipts.
+# length (1 + accepted / drafts) and the accept-count histogram per K, as vLLM defines them, on
+# the trained stdlib-small model (its MTP head has learned, chained drafts included, so acceptance
+# means something): its acceptance matrix (`harness/specs/stdlib.toml`, K = 1..4) and the default
+# matrix's golden (`harness/specs/default.toml`, K = 1..3). Greedy acceptance must not depend on
+# the prefill schedule or on the device; the last cells check both. This notebook only reads
+# receipts.
 
 # %%
 import os
@@ -39,10 +42,11 @@ sys.path.insert(0, str(ROOT))
 # %% tags=["parameters"]
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
 # override the defaults (the tests point them at synthetic receipts).
-# Default: the trained stdlib-small model (its MTP head has learned, so acceptance means
-# something) on the H200, against the same matrix on the CPU twin.
-RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/device/h200-stdlib.json")
-RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/stdlib/cpu.json")
+# Defaults: A is the stdlib-small acceptance matrix on the CPU twin, B the same matrix on the
+# H200; DEFAULT_GOLDEN is the default matrix's golden receipt (the same model, CPU twin).
+RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/stdlib/cpu.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-stdlib.json")
+DEFAULT_GOLDEN = os.environ.get("PRIMEWALK_RECEIPT_DEFAULT", "receipts/golden/default.json")
 
 # %%
 # %matplotlib inline
@@ -54,10 +58,16 @@ from harness.receipts import load, read_receipt, receipt_pair
 path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 
 receipt_a = read_receipt(path_a)
+receipt_b = read_receipt(path_b)
 cells = load(receipt_a)
-cells_b = load(path_b)
+cells_b = load(receipt_b)
 has_acceptance = "acceptance.drafts" in cells.columns and cells["acceptance.drafts"].notna().any()
-print(f"A: {path_a} ({len(cells)} cells); acceptance recorded: {has_acceptance}")
+print(f"A: {path_a} ({len(cells)} cells, model {receipt_a['model']['name']}); "
+      f"acceptance recorded: {has_acceptance}")
+same_weights = receipt_a["model"]["weights_sha256"] == receipt_b["model"]["weights_sha256"]
+if not same_weights:
+    print(f"note: B ({path_b}) was recorded with other weights than A; the A vs B comparison below "
+          "says nothing until B is re-recorded")
 
 # %% [markdown]
 # ## Per K
@@ -90,6 +100,27 @@ acceptance_figure(receipt_a) if has_acceptance else None
 acceptance_len_figure(receipt_a) if has_acceptance else None
 
 # %% [markdown]
+# ## The default matrix
+#
+# The README's main job (`harness run-matrix`) runs the same model on two other held-out excerpts
+# and a short prompt, K = 1..3, under every prime schedule; its golden receipt records the same
+# acceptance counts.
+
+# %%
+default_path = ROOT / DEFAULT_GOLDEN
+if default_path.exists():
+    receipt_default = read_receipt(default_path)
+    cells_default = load(receipt_default)
+    print(f"default golden: {default_path} ({len(cells_default)} cells, model {receipt_default['model']['name']})")
+    default_has = ("acceptance.drafts" in cells_default.columns
+                   and cells_default["acceptance.drafts"].notna().any())
+    default_table = per_k(cells_default) if default_has else "the default golden records no acceptance"
+else:
+    print(f"note: no default golden at {default_path} (harness run-matrix --update-golden)")
+    default_table = None
+default_table
+
+# %% [markdown]
 # ## Schedule independence
 #
 # For greedy decoding the accept-count histogram of one prompt and K must be the same under
@@ -112,7 +143,9 @@ display_frame
 
 # %%
 keys = ["id", "acceptance.drafts", "acceptance.accepted"]
-if has_acceptance and all(k in cells_b.columns for k in keys):
+if not same_weights:
+    comparison = "A and B were recorded with different weights"
+elif has_acceptance and all(k in cells_b.columns for k in keys):
     both = cells[keys].merge(cells_b[keys], on="id", how="outer", suffixes=(" A", " B"), indicator=True)
     differ = both[(both["_merge"] != "both")
                   | (both["acceptance.drafts A"] != both["acceptance.drafts B"])

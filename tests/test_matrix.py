@@ -141,15 +141,61 @@ def test_unreadable_spec_and_bad_flags_exit_2(tmp_path):
     spec = _write(tmp_path, TINY_SPEC)
     rc, _, err = _run(["run-matrix", "--spec", spec, "--shard", "2/2", "--no-plots"])
     assert rc == 2 and "--shard: expected I/N with 0 <= I < N, got '2/2'" in err
-    rc, _, err = _run(["run-matrix", "--spec", spec, "--update-golden", "--no-plots"])
-    assert rc == 2 and "--update-golden only records the default spec on the cpu backend" in err
-    rc, _, err = _run(["run-matrix", "--update-golden", "--backend", "cuda", "--no-plots"])
-    assert rc == 2 and "the backend is cuda" in err
 
 
-def test_default_spec_expands_to_unique_ids_with_their_oracles():
+def test_update_golden_takes_built_in_specs_only_each_to_its_own_golden(tmp_path, monkeypatch):
+    def must_not_run(*a, **k):
+        raise AssertionError("a cell ran for a refused --update-golden")
+
+    monkeypatch.setattr(matrix, "run_matrix", must_not_run)
+    # a spec outside harness/specs/ (even a copy of a built-in one) has no golden
+    copy = _write(tmp_path, open(os.path.join(matrix.SPECS_DIR, "tiny.toml")).read(), name="tiny.toml")
+    for spec in (_write(tmp_path, TINY_SPEC), copy):
+        rc, _, err = _run(["run-matrix", "--spec", spec, "--update-golden", "--no-plots"])
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"{spec} is not a built-in spec; only the specs under harness/specs/ have a golden" in err
+    tiny = os.path.join("harness", "specs", "tiny.toml")
+    for argv, why in ((["--backend", "cuda"], "the backend is cuda"),
+                      (["--spec", tiny, "--out", str(tmp_path / "x.json")], "--out is given"),
+                      (["--spec", tiny, "--shard", "0/2"], "--shard is given"),
+                      (["--spec", tiny, "--model", matrix.EMBEDDED], "--model is given")):
+        rc, _, err = _run(["run-matrix", "--update-golden", "--no-plots", *argv])
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert "--update-golden only records a built-in spec on the cpu backend" in err and why in err, err
+    assert not (tmp_path / "x.json").exists()
+    # each built-in spec's golden is receipts/golden/<stem>.json, however the spec's path is written
+    assert matrix.GOLDEN_PATH == matrix.golden_path("default") == load_spec(None).golden
+    assert set(matrix.builtin_specs()) >= {"default", "tiny", "stdlib"}
+    monkeypatch.chdir(matrix.REPO)
+    for path in (tiny, os.path.join(matrix.REPO, tiny), os.path.join("harness", "..", tiny)):
+        spec = load_spec(path)
+        assert spec.builtin == spec.stem == "tiny" and spec.source == tiny.replace(os.sep, "/")
+        assert spec.golden == os.path.join(matrix.REPO, "receipts", "golden", "tiny.json")
+    spec = load_spec(os.path.join("harness", "specs", "default.toml"))
+    assert spec.is_default and spec.source == "default" and spec.golden == matrix.GOLDEN_PATH
+    assert load_spec(copy).golden is None and load_spec(copy).stem == "tiny"
+
+
+def test_default_spec_is_the_trained_model():
     spec = load_spec(None)
-    assert spec.is_default and spec.backend == "cpu" and spec.mode == "exact"
+    assert spec.is_default and spec.builtin == "default" and spec.backend == "cpu" and spec.mode == "exact"
+    assert list(spec.models) == ["stdlib"]
+    assert os.path.samefile(spec.model_dirs["stdlib"], os.path.join(matrix.HERE, "models", "stdlib-small"))
+    cells, notes = expand(spec)
+    ids = [c.id for c in cells]
+    assert len(ids) == len(set(ids)) == 99
+    oracles = {c.id for c in cells if c.variant == "unyielded"}
+    assert all(c.oracle in oracles for c in cells)
+    assert {c.variant for c in cells} == set(matrix.VARIANTS)
+    assert all(c.prompt.length <= spec.fill_chunk for c in cells if c.variant == "short")
+    assert "stdlib/heldout2/split@192/k2/t0.7" in ids and "stdlib/short/short/k3/greedy" in ids
+    assert [c.id for c in expand(load_spec("default"))[0]] == ids
+
+
+def test_tiny_spec_expands_to_unique_ids_with_their_oracles():
+    spec = load_spec(os.path.join(matrix.SPECS_DIR, "tiny.toml"))
+    assert spec.builtin == "tiny" and spec.backend == "cpu" and spec.mode == "exact"
+    assert list(spec.models) == ["tiny"]
     cells, notes = expand(spec)
     ids = [c.id for c in cells]
     assert len(ids) == len(set(ids))
@@ -162,7 +208,7 @@ def test_default_spec_expands_to_unique_ids_with_their_oracles():
     assert any("p40" in n and "PRIME_MIN_T" in n for n in notes)
     assert all(c.prompt.length <= spec.fill_chunk for c in cells if c.variant == "short")
     # expansion is stable: the same spec gives the same ids in the same order
-    assert [c.id for c in expand(load_spec("default"))[0]] == ids
+    assert [c.id for c in expand(load_spec(os.path.join(matrix.SPECS_DIR, "tiny.toml")))[0]] == ids
     assert "tiny/p130/split@64/k2/greedy" in ids
     assert "tiny/p257/batched@c32/k1/greedy" in ids
 

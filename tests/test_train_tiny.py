@@ -154,7 +154,7 @@ def test_losses_pair_rows_and_targets(checked):
     m64, ref, ids = checked["m64"], checked["ref"], checked["ids"]
     T = len(ids)
     with torch.no_grad():
-        main, mtp = tt.losses(m64, torch.as_tensor(ids)[None])
+        main, (mtp,) = tt.losses(m64, torch.as_tensor(ids)[None])  # depth 1 only
     rl, rh = ref.forward(ids)
     hid = np.concatenate([np.zeros((1, rh.shape[1])), rh[:-2]])
     ml, _ = ref.mtp_rows(ids[:-1], hid, ref.new_state(T), 0)
