@@ -81,15 +81,19 @@ def op_cases(rng, full: bool = True):
             (q, k, _r(rng, R, 7 + nv * dv), 7, -np.abs(_r(rng, R, nv, scale=0.5)), rng.uniform(0, 1, (R, nv)).astype(F32),
              _r(rng, nv, dk, dv, scale=0.1), np.zeros((R, nv * dv), F32), R, dk, dv, nv // hk,
              np.zeros((R, nv, dk, dv), F32), True), [6, 7, 12])
-    att = [(16, 2, 256, 0, 70), (16, 2, 256, 500, 1), (16, 2, 256, 130, 5), (3, 1, 16, 60, 9)]
-    for hq, hkv, D, start, R in (att if full else att[3:]):
+    def attention_and_kv_write(hq, hkv, D, start, R, spare, tag="", cap=""):
+        """Attention over a cache of start + R + ``spare`` rows and a K/V write at ``start``."""
         ctx = start + R
-        add("attention", f"Hq{hq}-Hkv{hkv}-D{D}-p{start}-R{R}",
-            (_r(rng, R, hq * D), _r(rng, ctx + 3, hkv * D), _r(rng, ctx + 3, hkv * D), np.zeros((R, hq * D), F32),
-             start, R, hq, hkv, D, F32(D ** -0.5)), [3])
-        add("kv_write", f"Hkv{hkv}-D{D}-p{start}-R{R}",
+        add("attention" + tag, f"Hq{hq}-Hkv{hkv}-D{D}-p{start}-R{R}{cap}",
+            (_r(rng, R, hq * D), _r(rng, ctx + spare, hkv * D), _r(rng, ctx + spare, hkv * D),
+             np.zeros((R, hq * D), F32), start, R, hq, hkv, D, F32(D ** -0.5)), [3])
+        add("kv_write" + tag, f"Hkv{hkv}-D{D}-p{start}-R{R}",
             (_r(rng, R, 2 * hkv * D), hkv * D, _r(rng, R, hkv * D), 0, np.zeros((ctx, hkv * D), F32),
              np.zeros((ctx, hkv * D), F32), start, R), [4, 5])
+
+    att = [(16, 2, 256, 0, 70), (16, 2, 256, 500, 1), (16, 2, 256, 130, 5), (3, 1, 16, 60, 9)]
+    for hq, hkv, D, start, R in (att if full else att[3:]):
+        attention_and_kv_write(hq, hkv, D, start, R, 3)
     moe = [(4, 512, 10, 512, 2048, True), (6, 8, 2, 24, 64, False)]
     for R, E, k, I, H, renorm in (moe if full else moe[1:]):
         logits = _r(rng, R, E)
@@ -109,12 +113,7 @@ def op_cases(rng, full: bool = True):
     # device array; the CPU twin takes the same start as a scalar
     for hq, hkv, D, start, R in (att[1:3] if full else att[3:]):
         ctx = start + R
-        add("attention@pos", f"Hq{hq}-Hkv{hkv}-D{D}-p{start}-R{R}-cap{ctx + 200}",
-            (_r(rng, R, hq * D), _r(rng, ctx + 200, hkv * D), _r(rng, ctx + 200, hkv * D), np.zeros((R, hq * D), F32),
-             start, R, hq, hkv, D, F32(D ** -0.5)), [3])
-        add("kv_write@pos", f"Hkv{hkv}-D{D}-p{start}-R{R}",
-            (_r(rng, R, 2 * hkv * D), hkv * D, _r(rng, R, hkv * D), 0, np.zeros((ctx, hkv * D), F32),
-             np.zeros((ctx, hkv * D), F32), start, R), [4, 5])
+        attention_and_kv_write(hq, hkv, D, start, R, 200, "@pos", f"-cap{ctx + 200}")
         half = D // 8
         ang = np.outer(np.arange(ctx), 10000.0 ** (-np.arange(half) * 2.0 / (2 * half)))
         add("rope@pos", f"R{R}-H{hq}-D{D}-p{start}",

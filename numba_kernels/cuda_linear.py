@@ -128,8 +128,6 @@ def _gemm_k(X, W, out, R):
                     out[r, c] = acc[i, j]
 
 
-GEMV2_WARPS = 8
-
 if SIMULATED:  # the simulator has no warp barrier; a block barrier is a stronger one
     def _syncwarp():
         cuda.syncthreads()
@@ -139,71 +137,16 @@ else:
         cuda.syncwarp(0xFFFFFFFF)
 
 
-@cuda.jit
-def _gemv2_k(X, W, out, R):
-    """The same order as ``_gemv_k`` with fewer stalls: a warp stages its column's 1024-element
-    chunk through its own XOR-swizzled shared tile (no padding, no bank conflicts), loading the
-    whole chunk before storing any of it when the chunk is inside the row, and adds the 32 slice
-    partials in slice order from the warp's own tile (warp barriers only)."""
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    w = tid >> 5
-    o = cuda.blockIdx.x * GEMV2_WARPS + w
-    N, K = W.shape
-    oc = min(o, N - 1)  # a warp past the last column repeats it and stores nothing
-    Ws = cuda.shared.array((GEMV2_WARPS, 32, 32), np.float32)  # [warp, slice, element ^ slice]
-    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 32), np.float32)  # [row, slice, element ^ slice]
-    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
-    parts = cuda.local.array(GEMV_MAX_ROWS, np.float32)
-    for r in range(GEMV_MAX_ROWS):
-        acc[r] = F32(0.0)
-    nsl = (K + SLICE - 1) // SLICE
-    for base in range(0, nsl, 32):
-        k_base = base * SLICE
-        for idx in range(tid, R * 1024, 32 * GEMV2_WARPS):
-            r = idx >> 10
-            rem = idx & 1023
-            j = rem >> 5
-            gk = k_base + rem
-            Xs[r, j, (rem & 31) ^ j] = X[r, gk] if gk < K else F32(0.0)
-        if k_base + 1024 <= K:
-            for j in range(32):
-                Ws[w, j, lane ^ j] = W[oc, k_base + j * 32 + lane]
-        else:
-            for j in range(32):
-                gk = k_base + j * 32 + lane
-                Ws[w, j, lane ^ j] = W[oc, gk] if gk < K else F32(0.0)
-        cuda.syncthreads()
-        n_in = min(SLICE, K - (k_base + lane * SLICE))
-        m = min(32, nsl - base)
-        for r in range(R):
-            part = F32(0.0)
-            for e in range(n_in):
-                part = fma(Xs[r, lane, e ^ lane], Ws[w, lane, e ^ lane], part)
-            parts[r] = part
-        _syncwarp()  # the warp's tile is read: its first rows take the partials
-        for r in range(R):
-            Ws[w, r, lane] = parts[r]
-        _syncwarp()
-        for r in range(R):
-            a = acc[r]
-            for src in range(m):
-                a = a + Ws[w, r, src]
-            acc[r] = a
-        cuda.syncthreads()
-    if lane == 0 and o < N:
-        for r in range(R):
-            out[r, o] = acc[r]
-
-
 GEMV3_WARPS = 8  # 256 threads: the input staging below assumes it
 
 
 @cuda.jit
 def _gemv3_k(X, W, out, R):
-    """``_gemv2_k`` with its loads issued in batches (a GPU waits for a load only where its value
-    is used, so 16 loads in a row are in flight together; the loops of ``_gemv2_k`` store each
-    value to shared memory before the next load). Block of 256 threads. Same order."""
+    """The same order as ``_gemv_k`` with fewer stalls (block of 256 threads): a warp stages its
+    column's 1024-element chunk through its own XOR-swizzled shared tile (no padding, no bank
+    conflicts), issuing 16 loads before storing any of them (a GPU waits for a load only where
+    its value is used; ``_gemv_k`` stores each value before the next load), and adds the 32
+    slice partials in slice order from its own tile (warp barriers only)."""
     tid = cuda.threadIdx.x
     lane = tid & 31
     w = tid >> 5
@@ -292,7 +235,9 @@ def _gemv3_k(X, W, out, R):
             out[r, o] = acc[r]
 
 
-# PRIMEWALK_LINEAR=v1|v2 selects an earlier GEMV (same arithmetic; kept to compare and to fall back)
+# PRIMEWALK_LINEAR=v1 selects the first GEMV (same arithmetic; kept to compare and to fall back).
+# (v2, between them, differed from v3 only in issuing one load at a time; it was measured in
+# receipts/bench/h200-decode-kernels.json and then removed.)
 GEMV_VERSION = os.environ.get("PRIMEWALK_LINEAR", "v3")
 
 
@@ -300,8 +245,6 @@ def gemv(X, W, out, R):
     N = W.shape[0]
     if GEMV_VERSION == "v1":
         _go(_gemv_k, (N + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
-    elif GEMV_VERSION == "v2":
-        _go(_gemv2_k, (N + GEMV2_WARPS - 1) // GEMV2_WARPS, 32 * GEMV2_WARPS, X, W, out, R)
     else:
         _go(_gemv3_k, (N + GEMV3_WARPS - 1) // GEMV3_WARPS, 32 * GEMV3_WARPS, X, W, out, R)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode-step kernels on the GPU, in isolation: the GEMV (``PRIMEWALK_LINEAR`` v1, v2, v3) at the
+"""Decode-step kernels on the GPU, in isolation: the GEMV (``PRIMEWALK_LINEAR`` v1 and v3) at the
 bench-8l decode shapes and rmsnorm, each timed with CUDA events over repeated launches, every
 version checked bit for bit against the CPU twin on ragged shapes. Writes JSON; exit 1 when the
 default version (v3) differs.
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from numba_kernels import cuda_linear as cl
 
     default = cl.GEMV_VERSION
-    VERSIONS = ("v1", "v2", "v3")  # the last is the default; exit 1 when it differs from the twin
+    VERSIONS = ("v1", "v3")  # the last is the default; exit 1 when it differs from the twin
 
     rng = np.random.default_rng(0)
     res = {"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
