@@ -6,6 +6,8 @@
   float32 casts widened (``hf_float64_module``, as tests/oracle_models.py does), to 1e-9
   relative; the stock float32 modules to 1e-5. The training losses pair rows and targets as
   documented (main: byte t+1 from position t; MTP: byte t+2 from hidden t and byte t+1).
+- Chained MTP depths (2, 3) trained in parallel equal the engine's one-row-at-a-time chain
+  (``RefModel.mtp_rows``) to 1e-9, and their losses pair rows and targets as documented.
 - ``--smoke`` runs end to end on the CPU in a temporary folder: every output is there, the export
   loads with ``harness.weights.load_checkpoint`` and ``RefModel`` on ``heldout_eval.bin``
   reproduces the logged float64 numbers, the prompts are held-out UTF-8 excerpts of <= 1 KiB, the
@@ -167,6 +169,43 @@ def test_losses_pair_rows_and_targets(checked):
     assert abs(float(mtp) - ce(ml[1:], ids[2:])) <= 1e-9 * abs(float(mtp))
     # and the MTP target of row p really is two bytes past the hidden it reads
     assert ml[1:].shape[0] == len(ids[2:]) == T - 2
+
+
+def test_chained_depths_are_the_engine_chain(checked):
+    # Depth j of the parallel training form at row q = the engine's chain: depth-1 rows 0..p from
+    # the trunk, then one row at a time at p+1, p+2, each fed the previous row's output hidden
+    # (RefModel.mtp_rows, as Engine.mtp_draft does), the true bytes standing in for accepted drafts.
+    m64, ref, ids = checked["m64"], checked["ref"], checked["ids"]
+    T = len(ids)
+    with torch.no_grad():
+        _, _, mls = m64(torch.as_tensor(ids)[None], 3)
+    mls = [m[0].numpy() for m in mls]
+    rl, rh = ref.forward(ids)
+    hid = np.concatenate([np.zeros((1, rh.shape[1])), rh[:-2]])
+    chain = tt.ref_chain(ref, ids, hid, 3, stride=1)
+    assert len(chain) == 2 * (T - 4)  # every base p = 1..T-4, depths 2 and 3
+    for (j, q), z in chain.items():
+        assert _rel(z, mls[j - 1][q]) <= 1e-9, (j, q, _rel(z, mls[j - 1][q]))
+    # the chained attention matters: depth-2 rows under plain causal attention over their own
+    # keys (no depth-1 keys) are another computation
+    x = torch.as_tensor(ids)[None]
+    with torch.no_grad():
+        _, h1 = m64.trunk_forward(x)
+        hid1 = torch.cat([torch.zeros_like(h1[:, :1]), h1[:, :T - 2]], dim=1)
+        _, out1, _ = m64.mtp_forward(x[:, :-1], hid1)
+        plain2, _, _ = m64.mtp_forward(x[:, :-1], torch.cat([torch.zeros_like(out1[:, :1]), out1[:, :-1]], dim=1))
+    assert _rel(plain2[0, 2:].numpy(), mls[1][2:]) > 1e-6
+    # the depth losses: depth j's rows j..T-2 predict byte q+1
+    with torch.no_grad():
+        main, mtp = tt.losses(m64, torch.as_tensor(ids)[None], 3)
+
+    def ce(z, y):
+        z = z - z.max(-1, keepdims=True)
+        return float(np.mean(np.log(np.exp(z).sum(-1)) - z[np.arange(len(y)), y]))
+
+    for j in (2, 3):
+        z = np.stack([chain[(j, q)] if (j, q) in chain else mls[j - 1][q] for q in range(j, T - 1)])
+        assert abs(float(mtp[j - 1]) - ce(z, ids[j + 1:])) <= 1e-9 * abs(float(mtp[j - 1]))
 
 
 def test_split_rule_and_selection():
