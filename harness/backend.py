@@ -77,7 +77,10 @@ class CudaBackend:
         if not ok:
             raise PrimewalkError("backend cuda: no CUDA GPU or driver is available on this machine "
                                  "(use --backend cpu)")
-        from numba_kernels import cuda as kcuda
+        try:
+            from numba_kernels import cuda as kcuda
+        except ValueError as e:  # a bad PRIMEWALK_* setting of the kernels
+            raise PrimewalkError(f"backend cuda: {e}") from None
 
         self.cuda = cuda
         self.ops = kcuda

@@ -239,6 +239,8 @@ def _gemv3_k(X, W, out, R):
 # (v2, between them, differed from v3 only in issuing one load at a time; it was measured in
 # receipts/bench/h200-decode-kernels.json and then removed.)
 GEMV_VERSION = os.environ.get("PRIMEWALK_LINEAR", "v3")
+if GEMV_VERSION not in ("v1", "v3"):
+    raise ValueError(f"PRIMEWALK_LINEAR={GEMV_VERSION!r}: expected v1 or v3")
 
 
 def gemv(X, W, out, R):

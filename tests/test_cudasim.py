@@ -211,3 +211,14 @@ def test_tiny_model_matches_cpu(sim):
     assert any(k.startswith("after rollback layers.") for k in m)
     bad = {k: v["rel"] for k, v in m.items() if not v["rel"] <= TOL}
     assert not bad, f"simulated CUDA model differs from the CPU backend beyond {TOL}: {bad}"
+
+
+def test_bad_kernel_setting_is_one_line():
+    # PRIMEWALK_LINEAR picks the decode GEMV (v1 or v3); anything else is refused in one line
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PRIMEWALK_LINEAR="v9",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "logits", "--ids", "1,2,3", "--backend", "cuda",
+                        "--out", os.devnull], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == ["harness logits: error: backend cuda: PRIMEWALK_LINEAR='v9': "
+                                             "expected v1 or v3"], p.stderr
