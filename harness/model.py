@@ -13,6 +13,11 @@ row independently of how many rows share the launch):
   ``capture``, per-row DeltaNet state so :meth:`Engine.rollback` can keep an accepted prefix.
 - ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP head.
 
+On a backend that can capture launches (CUDA), steps of at most ``GRAPH_MAX_ROWS`` rows run once
+eagerly, are then captured per cache and replayed (``Engine._step``): the same kernels with the
+position read from the device, so decode costs one graph launch instead of ~15 launches per
+layer. ``PRIMEWALK_GRAPHS=0`` or ``Engine(..., graphs=False)`` turns it off.
+
 The weight layout is re-arranged once at load without changing any output's arithmetic: the
 DeltaNet's per-key-head interleaved ``in_proj_qkvz``/``in_proj_ba`` rows are regrouped into
 ``q‖k‖v‖z`` / ``b‖a``, attention's per-head ``query‖gate`` rows into ``queries‖gates`` (with K
