@@ -30,7 +30,7 @@ from matplotlib.patches import Patch
 
 from .atomic import write_bytes_atomic
 from .errors import PrimewalkError
-from .receipts import cell_order_key, read_receipt
+from .receipts import acceptance_by_k, cell_order_key, read_receipt
 
 DPI = 150
 STATUS_COLOURS = {"bitwise": "#2ca02c", "tolerance": "#f2a900", "fail": "#d62728", "missing": "#c7c7c7"}
@@ -202,17 +202,14 @@ def acceptance_figure(receipt: dict) -> Figure:
     if not cells:
         raise NoData("no cell has acceptance.per_position with drafts > 0")
     samplings = _unique(c.get("sampling") for c in cells)
-    groups = _by(cells, lambda c: (c.get("k"), c.get("sampling")))
+    groups = acceptance_by_k(cells)
     fig = _figure(8, 4.5)
     ax = fig.add_subplot()
     styles = ("-", "--", ":", "-.")
     kmax = 0
     for index, (k, sampling) in enumerate(sorted(groups, key=lambda g: (g[0], samplings.index(g[1])))):
-        group = groups[(k, sampling)]
-        n = len(group[0]["acceptance"]["per_position"])
-        drafts = sum(c["acceptance"]["drafts"] for c in group)
-        rates = [sum(c["acceptance"]["per_position"][i] * c["acceptance"]["drafts"] for c in group) / drafts
-                 for i in range(n)]
+        rates = groups[(k, sampling)]["per_position"]
+        n = len(rates)
         xs = list(range(1, n + 1))
         kmax = max(kmax, n)
         name = f"K={k}" + (f" {sampling}" if len(samplings) > 1 else "")
@@ -243,11 +240,10 @@ def acceptance_len_figure(receipt: dict) -> Figure:
     fig = _figure(8, 4.5)
     ax = fig.add_subplot()
     ks = sorted({c.get("k") for c in cells})
-    for sampling, group in _by(cells, lambda c: c.get("sampling")).items():
-        per_k = _by(group, lambda c: c.get("k"))
-        xs = sorted(per_k)
-        ys = [1 + sum(c["acceptance"]["accepted"] for c in per_k[k])
-              / sum(c["acceptance"]["drafts"] for c in per_k[k]) for k in xs]
+    pooled = acceptance_by_k(cells)
+    for sampling in _unique(c.get("sampling") for c in cells):
+        xs = sorted(k for k, s in pooled if s == sampling)
+        ys = [pooled[(k, sampling)]["mean_acceptance_length"] for k in xs]
         line, = ax.plot(xs, ys, marker="o", label=str(sampling))
         for x, y in zip(xs, ys):
             ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(6, -12), fontsize=7,

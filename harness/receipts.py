@@ -221,6 +221,33 @@ def receipt_pair(root, a, b):
     return path_a, path_b
 
 
+def acceptance_by_k(cells) -> dict:
+    """{(k, sampling): acceptance pooled over those cells} for the cells with drafts: ``cells``,
+    ``drafts`` and ``accepted`` summed, per-position rates weighted by drafts (Σ rate·drafts /
+    Σ drafts), mean acceptance length 1 + Σ accepted / Σ drafts, and the histograms summed
+    (``per_position`` / ``histogram`` are None where a cell lacks them). The one aggregation
+    the plots, the notebooks and ``tools/acceptance_table.py`` share."""
+    groups: dict = {}
+    for c in cells:
+        a = c.get("acceptance") or {}
+        if a.get("drafts") and a.get("accepted") is not None:
+            groups.setdefault((c.get("k"), c.get("sampling")), []).append(a)
+    out = {}
+    for key, accs in groups.items():
+        drafts = sum(a["drafts"] for a in accs)
+        accepted = sum(a["accepted"] for a in accs)
+        per_position = hist = None
+        if all(a.get("per_position") for a in accs):
+            n = len(accs[0]["per_position"])
+            per_position = [sum(a["per_position"][i] * a["drafts"] for a in accs) / drafts for i in range(n)]
+        if all(a.get("histogram") for a in accs):
+            hist = [sum(a["histogram"][i] for a in accs) for i in range(len(accs[0]["histogram"]))]
+        out[key] = {"cells": len(accs), "drafts": drafts, "accepted": accepted,
+                    "mean_acceptance_length": 1 + accepted / drafts, "per_position": per_position,
+                    "histogram": hist}
+    return out
+
+
 def utc_now() -> str:
     """The ``created`` stamp: UTC, seconds, ``2026-11-29T17:00:00Z``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -53,7 +53,7 @@ DEFAULT_GOLDEN = os.environ.get("PRIMEWALK_RECEIPT_DEFAULT", "receipts/golden/de
 import pandas as pd
 
 from harness.plots import acceptance_figure, acceptance_len_figure
-from harness.receipts import load, read_receipt, receipt_pair
+from harness.receipts import acceptance_by_k, load, read_receipt, receipt_pair
 
 path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 
@@ -76,22 +76,16 @@ if not same_weights:
 # continuation, so the rates are those of one decode, weighted by drafts).
 
 # %%
-def per_k(frame: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for (k, sampling), group in frame.dropna(subset=["acceptance.drafts"]).groupby(["k", "sampling"]):
-        drafts = group["acceptance.drafts"].sum()
-        accepted = group["acceptance.accepted"].sum()
-        positions = [sum(p[i] * d for p, d in zip(group["acceptance.per_position"], group["acceptance.drafts"]))
-                     / drafts for i in range(int(k))]
-        hist = [sum(h[i] for h in group["acceptance.histogram"]) for i in range(int(k) + 1)]
-        rows.append({"k": k, "sampling": sampling, "cells": len(group), "drafts": drafts,
-                     "accepted": accepted, "mean_acceptance_length": 1 + accepted / drafts,
-                     "per_position": [round(p, 3) for p in positions],
-                     "histogram (0..K accepted)": hist})
+def per_k(receipt: dict) -> pd.DataFrame:
+    rows = [{"k": k, "sampling": sampling, "cells": p["cells"], "drafts": p["drafts"], "accepted": p["accepted"],
+             "mean_acceptance_length": p["mean_acceptance_length"],
+             "per_position": [round(r, 3) for r in p["per_position"]],
+             "histogram (0..K accepted)": p["histogram"]}
+            for (k, sampling), p in sorted(acceptance_by_k(receipt["cells"]).items())]
     return pd.DataFrame(rows)
 
 
-per_k(cells) if has_acceptance else "receipt A records no acceptance"
+per_k(receipt_a) if has_acceptance else "receipt A records no acceptance"
 
 # %%
 acceptance_figure(receipt_a) if has_acceptance else None
@@ -114,7 +108,7 @@ if default_path.exists():
     print(f"default golden: {default_path} ({len(cells_default)} cells, model {receipt_default['model']['name']})")
     default_has = ("acceptance.drafts" in cells_default.columns
                    and cells_default["acceptance.drafts"].notna().any())
-    default_table = per_k(cells_default) if default_has else "the default golden records no acceptance"
+    default_table = per_k(receipt_default) if default_has else "the default golden records no acceptance"
 else:
     print(f"note: no default golden at {default_path} (harness run-matrix --update-golden)")
     default_table = None

@@ -4,7 +4,8 @@
     python tools/acceptance_table.py receipts/device/h200-stdlib.json [--variant unyielded]
 
 One row per (K, sampling) over the cells of one variant (default: the unyielded oracle cells):
-mean acceptance length and per-position acceptance averaged over the prompts, speculative and
+mean acceptance length and per-position acceptance pooled over the prompts by drafts
+(``harness.receipts.acceptance_by_k``, as the plots and notebooks count them), speculative and
 plain decode tokens/s as the median over the prompts (the first cell of a process also pays for
 compilation, and every session for its first captured steps).
 """
@@ -12,27 +13,28 @@ compilation, and every session for its first captured steps).
 import argparse
 import json
 import sys
-from collections import defaultdict
+import os
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.receipts import acceptance_by_k  # noqa: E402
+
 
 def table(receipt: dict, variant: str = "unyielded") -> str:
-    groups = defaultdict(list)
-    for c in receipt["cells"]:
-        if c.get("variant") == variant and c.get("acceptance"):
-            groups[(c["k"], c["sampling"])].append(c)
-    if not groups:
+    cells = [c for c in receipt["cells"] if c.get("variant") == variant]
+    pooled = acceptance_by_k(cells)
+    if not pooled:
         raise SystemExit(f"no {variant} cells with acceptance metrics in this receipt")
     out = ["| K | sampling | prompts | mean acceptance length | per-position acceptance | spec tok/s | plain tok/s |",
            "|---|---|---|---|---|---|---|"]
-    for (k, samp), cells in sorted(groups.items(), key=lambda kv: (kv[0][1] != "greedy", kv[0][1], kv[0][0])):
-        mal = float(np.mean([c["acceptance"]["mean_acceptance_length"] for c in cells]))
-        pp = np.mean([c["acceptance"]["per_position"] for c in cells], axis=0)
-        spec = float(np.median([c["timings"]["spec_tokens_per_s"] for c in cells]))
-        plain = float(np.median([c["timings"]["decode_tokens_per_s"] for c in cells]))
-        out.append(f"| {k} | {samp} | {len(cells)} | {mal:.2f} | {', '.join(f'{p:.2f}' for p in pp)} | "
-                   f"{spec:.0f} | {plain:.0f} |")
+    for (k, samp), p in sorted(pooled.items(), key=lambda kv: (kv[0][1] != "greedy", kv[0][1], kv[0][0])):
+        group = [c for c in cells if (c["k"], c["sampling"]) == (k, samp)]
+        spec = float(np.median([c["timings"]["spec_tokens_per_s"] for c in group]))
+        plain = float(np.median([c["timings"]["decode_tokens_per_s"] for c in group]))
+        out.append(f"| {k} | {samp} | {p['cells']} | {p['mean_acceptance_length']:.2f} | "
+                   f"{', '.join(f'{r:.2f}' for r in p['per_position'])} | {spec:.0f} | {plain:.0f} |")
     return "\n".join(out)
 
 

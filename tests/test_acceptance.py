@@ -1,0 +1,48 @@
+"""``harness.receipts.acceptance_by_k``: acceptance pooled by drafts, the one aggregation the plots,
+the acceptance notebook and ``tools/acceptance_table.py`` use."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.receipts import acceptance_by_k
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cell(k, sampling, drafts, accepted, per_position, histogram):
+    return {"k": k, "sampling": sampling, "variant": "unyielded",
+            "acceptance": {"drafts": drafts, "accepted": accepted, "per_position": per_position,
+                           "histogram": histogram},
+            "timings": {"spec_tokens_per_s": 10.0, "decode_tokens_per_s": 20.0}}
+
+
+def test_pooled_by_drafts():
+    cells = [_cell(2, "greedy", 10, 12, [0.8, 0.4], [2, 4, 4]),
+             _cell(2, "greedy", 30, 18, [0.5, 0.1], [15, 12, 3]),
+             _cell(1, "greedy", 4, 3, [0.75], [1, 3]),
+             _cell(1, "t0.7", 0, 0, [0.0], [0, 0]),  # no drafts: left out
+             {"k": 1, "sampling": "greedy"}]  # no acceptance block: left out
+    got = acceptance_by_k(cells)
+    assert set(got) == {(2, "greedy"), (1, "greedy")}
+    g = got[(2, "greedy")]
+    assert (g["cells"], g["drafts"], g["accepted"]) == (2, 40, 30)
+    assert g["mean_acceptance_length"] == pytest.approx(1 + 30 / 40)
+    assert g["per_position"] == pytest.approx([(0.8 * 10 + 0.5 * 30) / 40, (0.4 * 10 + 0.1 * 30) / 40])
+    assert g["histogram"] == [17, 16, 7]
+    assert got[(1, "greedy")]["mean_acceptance_length"] == pytest.approx(1.75)
+
+
+def test_acceptance_table_tool(tmp_path):
+    import json
+
+    receipt = {"cells": [_cell(2, "greedy", 10, 12, [0.8, 0.4], [2, 4, 4]),
+                         _cell(2, "greedy", 30, 18, [0.5, 0.1], [15, 12, 3])]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(receipt))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "acceptance_table.py"), str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "| 2 | greedy | 2 | 1.75 | 0.57, 0.17 | 10 | 20 |"
