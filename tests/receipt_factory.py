@@ -13,6 +13,7 @@ import copy
 import hashlib
 import random
 
+from harness.matrix import schedule_label
 from harness.receipts import SCHEMA_VERSION, spec_hash
 
 MODEL = "tiny"
@@ -47,17 +48,8 @@ _CPU_PRIME = {"unyielded": 900.0, "tokenwise": 60.0, "batched": 900.0, "split": 
 _ACCEPT = (0.82, 0.64, 0.47)
 
 
-def label(variant: str, args: dict, chunk_rows) -> str:
-    text = variant
-    if args:
-        text += "@" + ",".join(str(v) for v in args.values())
-    if variant == "batched":
-        text += f"@c{chunk_rows}"
-    return text
-
-
 def cell_id(prompt: str, variant: str, args: dict, chunk_rows, k: int, sampling="greedy") -> str:
-    return f"{MODEL}/{prompt}/{label(variant, args, chunk_rows)}/k{k}/{sampling}"
+    return f"{MODEL}/{prompt}/{schedule_label(variant, args, chunk_rows)}/k{k}/{sampling}"
 
 
 def _sha(*parts) -> str:
