@@ -21,20 +21,11 @@
 
 # %%
 import os
-import sys
 from pathlib import Path
 
+from harness.matrix import REPO
 
-def repo_root() -> Path:
-    """The primewalk checkout above the working directory (Jupyter starts in the notebook's folder)."""
-    for folder in (Path.cwd(), *Path.cwd().parents):
-        if (folder / "harness" / "receipts.py").is_file():
-            return folder
-    raise FileNotFoundError(f"no primewalk checkout (harness/receipts.py) above {Path.cwd()}")
-
-
-ROOT = repo_root()
-sys.path.insert(0, str(ROOT))
+ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 
 # %% tags=["parameters"]
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
