@@ -176,16 +176,16 @@ def larger_config():
         decoder_sparse_step=2, norm_topk_prob=True, num_nextn_predict_layers=1))
 
 
-def schedule_runs(engine, ids, only=None):
+def schedule_runs(engine, ids, tokenwise_only=False):
     """Logits (per row, tokenwise) and digests of tokenwise / batched / split primes. On CUDA the
     tokenwise rows are captured steps (run once, captured, replayed) unless the engine has
-    graphs off."""
+    graphs off. ``tokenwise_only``: that schedule alone."""
     T = len(ids)
     out = {}
     s = engine.new_session(T + 8)
     rows = [engine.decode_step(s, int(t))[0] for t in ids]
     out["tokenwise"] = (np.stack(rows), s.cache.digest())
-    if only is not None:
+    if tokenwise_only:
         return out
     s = engine.new_session(T + 8)
     logits, _ = engine.target_step(s, ids)
@@ -228,7 +228,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
             res[bname + "_s"] = time.perf_counter() - t0
         # the CUDA engine without captured steps: every launch from Python, start as a scalar
         res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False), ids,
-                                                            only=("tokenwise",))["tokenwise"]
+                                                            tokenwise_only=True)["tokenwise"]
         res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
         for sched in ("tokenwise", "tokenwise-uncaptured", "batched", "split3"):
             lc, dc = res["cpu"][sched]
