@@ -178,7 +178,7 @@ def test_chained_depths_are_the_engine_chain(checked):
     m64, ref, ids = checked["m64"], checked["ref"], checked["ids"]
     T = len(ids)
     with torch.no_grad():
-        _, _, mls = m64(torch.as_tensor(ids)[None], 3)
+        _, _, mls = m64.forward_chain(torch.as_tensor(ids)[None], 3)
     mls = [m[0].numpy() for m in mls]
     rl, rh = ref.forward(ids)
     hid = np.concatenate([np.zeros((1, rh.shape[1])), rh[:-2]])

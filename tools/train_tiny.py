@@ -524,20 +524,22 @@ class TinyModel(nn.Module):
             hid = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
         return out_l
 
-    def forward(self, x, depth: int = 1):
+    def forward(self, x):
         """x [B, T] -> (trunk logits [B, T, V], hidden [B, T, H], MTP logits [B, T-1, V]); MTP row
-        p (0..T-2) pairs x_p with h_{p-1} (zeros for p = 0) and predicts x_{p+1}. With
-        ``depth`` > 1 the last item is the list of every depth's logits (:meth:`mtp_chain`)."""
+        p (0..T-2) pairs x_p with h_{p-1} (zeros for p = 0) and predicts x_{p+1}."""
+        logits, h, ml = self.forward_chain(x, 1)
+        return logits, h, ml[0]
+
+    def forward_chain(self, x, depth: int):
+        """(trunk logits, hidden, [MTP logits of depth 1..``depth``]) (:meth:`mtp_chain`)."""
         logits, h = self.trunk_forward(x)
-        ml = self.mtp_chain(x, h, depth)
-        return logits, h, (ml[0] if depth == 1 else ml)
+        return logits, h, self.mtp_chain(x, h, depth)
 
 
 def losses(model: TinyModel, x, depth: int = 1):
     """(main loss, [MTP loss of depth 1..depth]), mean nats per predicted byte. Depth j's rows
     j..T-2 are in its loss (row 0 of depth 1, and the rows whose chain would start there, are not)."""
-    logits, _, ml = model(x, depth)
-    ml = [ml] if depth == 1 else ml
+    logits, _, ml = model.forward_chain(x, depth)
     V = logits.shape[-1]
     main = F.cross_entropy(_wide(logits[:, :-1].reshape(-1, V)), x[:, 1:].reshape(-1))
     mtp = [F.cross_entropy(_wide(m[:, j:].reshape(-1, V)), x[:, j + 1:].reshape(-1))
@@ -591,8 +593,7 @@ def evaluate(model: TinyModel, windows, batch: int, amp: bool = False, per_windo
     for i in range(0, windows.shape[0], batch):
         x = windows[i:i + batch]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            logits, _, mls = model(x, depth)
-        mls = [mls] if depth == 1 else mls
+            logits, _, mls = model.forward_chain(x, depth)
         lt = _wide(logits[:, :-1])
         y = x[:, 1:]
         nll = F.cross_entropy(lt.transpose(1, 2), y, reduction="none").double()
@@ -1256,8 +1257,7 @@ def main(argv=None) -> dict:
     if not args.no_ref:
         t0 = time.time()
         with torch.no_grad():
-            lg, _, mls = m64(sw, hp.mtp_depth)
-        mls = [mls] if hp.mtp_depth == 1 else mls
+            lg, _, mls = m64.forward_chain(sw, hp.mtp_depth)
         torch64 = {"logits": lg.cpu().numpy(), "mtp_logits": mls[0].cpu().numpy(),
                    "mtp_chain": [m.cpu().numpy() for m in mls[1:]]}
         res["sample_ref"] = ref_check(out, sample_ids, torch64)
