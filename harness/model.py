@@ -464,30 +464,32 @@ class Engine:
     # ---- captured steps ----------------------------------------------------------------------
     def _step(self, c, key, body, inputs, start, keep=()):
         """Run ``body(inputs, start, pos)`` -- kernel launches only -- and return its outputs.
-        Small steps on a backend with graphs: the first call of ``key`` on cache ``c`` runs eagerly
-        with the position on the device (compiling and allocating what it needs), the second
-        captures it with its own copies of ``inputs`` ({name: (device buffer, value)}) and
-        replays; later calls copy the new values into those buffers, the position into
-        ``self._pos``, and replay. Otherwise the body runs eagerly with ``start`` as a scalar."""
-        if not self.graphs or key is None:
-            return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
-        B = self.B
-        B.copy_into(self._pos, np.array([start], np.int32))
-        g = c.graphs.get(key)
-        if g is None and key not in c.graph_seen:
+        ``inputs``: {name: host or backend array}. Small steps (``key`` not None) on a backend
+        with graphs: the first call of ``key`` on cache ``c`` runs eagerly with the position on
+        the device (compiling and allocating what it needs); the second captures the body with
+        its own copies of the inputs; every later call copies the new inputs into those copies,
+        the position into ``self._pos``, and replays. Otherwise the body runs eagerly with
+        ``start`` as a scalar."""
+        at, pos = start, None
+        if self.graphs and key is not None:
+            B = self.B
+            B.copy_into(self._pos, np.array([start], np.int32))
+            g = c.graphs.get(key)
+            if g is None and key in c.graph_seen:
+                own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
+                keep = [c, self.cos, self.sin, self._pos, getattr(self, "_flag_buf", None), *keep]
+                keep += list(self._ws.values()) + list(own.values())
+                graph, out = self.ops.capture(lambda: body(own, 0, self._pos), keep)
+                g = c.graphs[key] = (graph, out, own)
+            if g is not None:
+                graph, out, own = g
+                for n, v in inputs.items():
+                    B.copy_into(own[n], v)
+                graph.replay()
+                return out
             c.graph_seen.add(key)
-            return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self._pos)
-        if g is None:
-            own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
-            keep = [c, self.cos, self.sin, self._pos, getattr(self, "_flag_buf", None), *keep]
-            keep += list(self._ws.values()) + list(own.values())
-            graph, out = self.ops.capture(lambda: body(own, 0, self._pos), keep)
-            g = c.graphs[key] = (graph, out, own)
-        graph, out, own = g
-        for n, v in inputs.items():
-            B.copy_into(own[n], v)
-        graph.replay()
-        return out
+            at, pos = 0, self._pos
+        return body({n: self._upload(n, v) for n, v in inputs.items()}, at, pos)
 
     def _upload(self, name, v):
         """An input of :meth:`_step` on the backend: token ids through the shared ids buffer,
