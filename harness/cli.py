@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit", default=os.environ.get("PRIMEWALK_COMMIT"), help="commit the tree is at (recorded)")
     p.set_defaults(func=lambda a: __import__("harness.devicecheck", fromlist=["x"]).main_walker(a))
 
-    for mod in ("walkcli", "matrix", "diff", "plots", "bench"):
+    for mod in ("walkcli", "matrix", "diff", "plots", "bench", "mmacheck"):
         try:
             m = __import__(f"harness.{mod}", fromlist=["register"])
         except ImportError as e:

@@ -1,5 +1,6 @@
-"""``harness mma-check FILE.npz``: the CPU emulation of the bf16 tensor-core MMA against recorded
-hardware vectors, bit for bit (issue #19).
+"""``harness mma-check [FILE.npz ...]``: the CPU emulation of the bf16 tensor-core MMA against
+recorded hardware vectors, bit for bit (issue #19). Without a file it checks the committed
+recording, ``receipts/mma/*.npz`` (1,174,272 H200 outputs; all match the documented rule).
 
 A vector file (written by ``tools/mma_vectors.py`` on the GPU) holds n m16n8k16 tiles:
 
@@ -18,12 +19,23 @@ printed); 2 with one line on stderr when a file is unreadable or malformed.
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import sys
 import zipfile
 
 import numpy as np
 
 from .errors import InputError, PrimewalkError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = os.path.join("receipts", "mma")
+
+
+def committed_files() -> list:
+    """The committed hardware vector files (``receipts/mma/*.npz`` of this checkout), sorted."""
+    return sorted(glob.glob(os.path.join(ROOT, COMMITTED, "*.npz")))
+
 
 SPEC = {  # key: (dtype, shape of one tile)
     "A": (np.uint16, (16, 16)),
@@ -115,6 +127,11 @@ def _run(files, rule_text=None) -> int:
             rule = mma.parse_rule(rule_text)
         except ValueError as e:
             raise InputError(f"--rule: {e}") from None
+    default_files = not files
+    if default_files:
+        files = committed_files()
+        if not files:
+            raise InputError(f"no FILE.npz given and none committed under {COMMITTED}/")
     matched = total = 0
     first = None
     for f in files:
@@ -124,6 +141,8 @@ def _run(files, rule_text=None) -> int:
         if info and first is None:
             first = (f, info)
     print(f"mma-check: {matched}/{total} outputs bitwise")
+    if default_files:
+        print("files: " + ", ".join(os.path.relpath(f, ROOT) for f in files))
     if first:
         f, d = first
         where = f" [{d['category']}]" if d.get("category") is not None else ""
@@ -136,7 +155,8 @@ def _run(files, rule_text=None) -> int:
 
 
 def _add_args(p) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE.npz", help="recorded vectors (A, B, C, D)")
+    p.add_argument("files", nargs="*", metavar="FILE.npz",
+                   help=f"recorded vectors (A, B, C, D); default: the committed {COMMITTED}/*.npz")
     p.add_argument("--rule", default=None, metavar="SPEC",
                    help="a candidate rule instead of the documented one, e.g. out_sub=rne,grid_floor=-150")
 
@@ -147,7 +167,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "mma-check", help="CPU emulation of the bf16 tensor-core MMA vs recorded hardware vectors, bitwise",
         description=__doc__.splitlines()[0],
-        epilog="example:\n  harness mma-check receipts/mma/h200-mma.npz\n"
+        epilog="examples:\n  harness mma-check\n  harness mma-check receipts/mma/h200-mma-vectors.npz "
+               "--rule grid_floor=none\n"
                "exit status: 0 all outputs bitwise, 1 a mismatch, 2 unusable file",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_args(p)

@@ -9,83 +9,116 @@ One instruction, ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``, comput
 and the hardware does **not** compute it like sixteen IEEE fmas. The rule below is written on
 values, not on an order of operations: the 17 terms have no order.
 
-The rule (``DEFAULT``; measured on an H200 for normal results, see "what is certain")
+The MMA rule (``DEFAULT``; measured on an H200, 100 % of 1,174,272 recorded outputs)
 ------------------------------------------------------------------------------------------------
 Notation: for a finite non-zero bf16 or float32 ``x`` with exponent field ``E`` and fraction
 ``F``, ``ex(x) = E − 127`` when ``E > 0`` (= floor(log2|x|)).
 
-1. **Specials first** (``_special``), over the 16 pairs and c:
+1. **Specials first**, over the 16 pairs and c:
 
    - any NaN operand (a_k, b_k or c) → NaN;
-   - a product ∞ × 0 → NaN (``inf_zero``);
+   - a product ∞ × 0 → NaN (``inf_zero`` = NAN);
    - +∞ and −∞ both present among the products (∞ × finite non-zero, sign = sign(a)·sign(b))
      and c → NaN;
    - otherwise any ∞ → that ∞.
 
-   A NaN result is written as the single bit pattern ``nan_bits`` (``0x7fffffff`` by default:
-   CUDA's canonical NaN; the recorder tabulates what the hardware writes). No payload is
-   propagated.
+   Every NaN result is the single bit pattern ``0x7fffffff`` (``nan_bits``); no payload or sign
+   is propagated.
 2. **Products are exact.** a·b is the integer product of the two 8-bit significands (hidden bit
    included) times 2^(sum of the two LSB exponents): up to 16 significant bits, with an
    exponent that may lie far outside float32's range (2^100·2^100 = 2^200 is an ordinary term;
-   nothing overflows or underflows at this stage, ``prod_ovf``).
+   nothing overflows or underflows at this stage, ``prod_ovf`` = EXACT).
 3. **Exponents of terms.** For a non-zero product, ``e_k = ex(a_k) + ex(b_k)``: the sum of the
    exponent fields, *not* the product's own exponent (1.5·1.5 = 2.25 has e_k = 0, not 1). For a
    non-zero c, ``e_c = ex(c)``. Zero terms have no exponent. ``emax`` = the largest of them.
    A bf16 subnormal input (exponent field 0, F ≠ 0) counts as ex = −126 (``in_sub`` = FIELD),
-   a float32 subnormal c likewise (``c_sub`` = FIELD).
-4. **Alignment with truncation.** Every non-zero term t (c included) is truncated toward zero
-   to a multiple of ``2^g``, ``g = emax − 25`` (``grid_floor``: no lower bound on g). The term
-   with exponent emax therefore keeps its 25 or 26 leading bits (a product in [2, 4)·2^emax
-   keeps 27); smaller terms lose their low bits, *each on its own* (a negative term moves up,
-   a positive one down).
+   and so does a float32 subnormal c (``c_sub`` = FIELD); their values are exact.
+4. **Alignment with truncation, on a grid that stops at 2^−158.** Let
+
+       g = max(emax − 25, −158)        (``grid_floor`` = −158)
+
+   Every non-zero term t (c included) is truncated toward zero to a multiple of ``2^g``, *each
+   on its own* (a negative term moves up, a positive one down). Above the floor, the term with
+   exponent emax keeps its 25 or 26 leading bits (a product in [2, 4)·2^emax keeps 27).
+   The floor acts only when emax ≤ −134, i.e. when c = ±0 (a non-zero c has e_c ≥ −126) and
+   every product is below 2^−133; equivalently, emax is taken as max(emax, −133). A product below
+   2^−158 then contributes nothing.
 5. **Exact sum** of the 17 truncated terms (an integer S in units of 2^g; |S| < 2^33).
-6. **One rounding, toward zero, to float32.** S = 0 → +0. Otherwise |S|·2^g is truncated to
-   24 significant bits (``norm_round`` = RZ); a magnitude ≥ 2^128 gives ±∞ (``overflow``);
-   below 2^−126 the result is truncated to a multiple of 2^−149 (``out_sub`` = RZ) and keeps
-   its sign (a result under 2^−149 is ±0).
-7. **All 17 terms zero** → −0 only when c is −0 and all 16 products are −0 (sign(a)·sign(b)
-   negative), else +0 (``zero_sign`` = IEEE).
+6. **One rounding, toward zero, to float32.** |S|·2^g is truncated to 24 significant bits
+   (``norm_round`` = RZ); a magnitude ≥ 2^128 gives ±∞ (``overflow`` = INF); below 2^−126 the
+   result is truncated to a multiple of 2^−149 (``out_sub`` = RZ).
+7. **Zero is +0.** A zero result is always +0 (``zero_sign`` = PLUS): when all 17 terms are zero
+   (even 16 products −0 and c = −0), when the truncated terms cancel (S = 0), and when a
+   non-zero S is truncated to zero by step 6 (|S|·2^g < 2^−149, either sign). The hardware
+   wrote no −0 among the 1,174,272 recorded outputs.
 
 With these, a product that is far below the grid contributes nothing (not even a sticky bit),
 and the result can differ from the correctly rounded sum by more than one ulp of the result
 when many small terms are each truncated.
 
-What is certain and what is not
--------------------------------
-Certain (H200 probe, 3.1 M outputs whose result is a normal float32, 100 % match): steps 2–6 for
-normal inputs and normal results, with finite inputs, including cancellations, zeros/−0
-inputs and accumulators 0, 1e-3 and 10. Sequential fp32 fma matches only 46–59 % of those
-outputs, and exact-sum-then-round-to-nearest 57–70 %.
+What the recorded vectors establish, and the limits
+---------------------------------------------------
+``receipts/mma/h200-mma-vectors.npz``: 1,174,272 outputs recorded by ``tools/mma_vectors.py`` on
+one NVIDIA H200 (driver 580.159.04, CUDA 13.0) in 36 categories (normal inputs, zeros,
+cancellations, truncation edges, subnormal results / inputs / accumulators, float32 overflow,
+products beyond float32, ±∞/NaN in A, B, C, signed zeros, random bit patterns). ``DEFAULT``
+matches all of them bit for bit (``tests/test_mma.py``). Each part of the rule is pinned by the
+outputs that a different choice would get wrong (counts over the whole file):
 
-Not yet measured, hence flags (``Rule``), each a documented candidate, to be chosen by
-``tools/mma_vectors.py`` against recorded hardware vectors:
+=============================  =========  ==================================================
+change from ``DEFAULT``        wrong      where
+=============================  =========  ==================================================
+``in_sub`` LOG2 / DAZ          7,413 /    bf16 subnormal inputs
+                               31,384
+``c_sub`` LOG2 / DAZ           10,671 /   subnormal accumulators, subnormal results
+                               68,470
+``out_sub`` RNE / RNA /        25,782 /   subnormal results (RZ is right; FTZ: all 101,455
+RZ24RNE / FTZ                  31,263 /   non-zero subnormal outputs wrong)
+                               24,019 /
+                               101,455
+``grid_floor`` none            3          emax −134 (2), −136 (1): the hardware is 1 ulp
+                                          below the unfloored rule
+``grid_floor`` −159 / −157     2 / 10     emax −134 (both); −133 … −137 (−157)
+``grid_floor`` −156 … −149     52 … 52,494
+``overflow`` MAXFLT            130,855    overflow is ±∞, not ±FLT_MAX
+``prod_ovf`` INF               75,726     products beyond 2^128 are exact terms
+``inf_zero`` ZERO              10,907     ∞ × 0 is NaN
+``zero_sign`` IEEE             5,124      5,120 all-(−0) products with c = −0; 4 negative
+                                          sums (−3·2^−151, −1·2^−151) truncated to zero
+``nan_bits`` 0x7fc00000        36,633     every NaN output is 0x7fffffff
+``norm_round`` RNE             245,468    normal results are truncated, not rounded
+=============================  =========  ==================================================
 
-- ``in_sub`` (default FIELD): a bf16 subnormal a or b (exponent field 0, F ≠ 0) has
-  ex = −126 (FIELD) · ex = floor(log2|x|) (LOG2) · is flushed to a signed zero before anything
-  else (DAZ).
-- ``c_sub`` (default FIELD): the same three for a float32 subnormal c.
-- ``out_sub`` (default RZ): a result below 2^−126 is truncated to the 2^−149 grid (RZ) ·
-  rounded to it, ties to even (RNE) · ties away from zero (RNA) · truncated to 24 significant
-  bits first, then RNE to the grid (RZ24RNE, double rounding) · flushed to a signed zero (FTZ).
-  The probe saw one-ulp differences from RZ in ≈ 5 % of results in this range.
-- ``grid_floor`` (default none): g = max(emax − 25, floor), a fixed-point LSB that does not
-  follow emax below some exponent (candidates −149 … −157). Only matters when emax < −124.
-- ``overflow`` (default INF): a result ≥ 2^128 in magnitude is ±∞ (INF) · ±FLT_MAX (MAXFLT,
-  what round-toward-zero gives in IEEE 754).
-- ``prod_ovf`` (default EXACT): a product with e_k ≥ 128 is an exact term (EXACT) · is ±∞ on
-  its own (INF; then rule 1 applies, so 2^200 − 2^200 is NaN).
-- ``inf_zero`` (default NAN): ∞ × 0 is NaN (NAN) · is a zero product (ZERO).
-- ``zero_sign`` (default IEEE): when all 17 terms are zero, rule 7 (IEEE) · always +0 (PLUS).
-- ``nan_bits`` (default 0x7fffffff): the NaN pattern written.
-- ``norm_round`` (default RZ): normal results rounded toward zero (RZ) · to nearest even (RNE;
-  only a foil: the probe rules it out for normal results).
+Limits (what one recording on one device does not settle):
 
-Settling a flag: ``tools/mma_vectors.py`` prints the match rate of every candidate per input
-category and the best rule found. Set ``Rule``'s default to the measured value, move the line
-from this list to "certain", commit the vectors under ``receipts/mma/``; ``tests/test_mma.py``
-then checks the emulation against every committed vector in CI, and ``harness mma-check
-FILE.npz [--rule SPEC]`` does so by hand.
+- **The floor's evidence is thin and local.** Without a floor only 3 outputs differ (two with
+  emax −134, one with −136); a floor of −159 gets 2 of them wrong, −157 gets 10 others wrong
+  (emax −133 … −137). So −158 is pinned, but by 12 outputs with emax in −137 … −133, all in
+  category ``subnormal_result``. No recorded output with emax = −135 or ≤ −137 tells the floor
+  from no floor: that the bound holds there too (the simplest reading: a fixed lower bound on
+  the grid) is not yet measured. ``tools/mma_vectors.py`` now has a category for it
+  (``floor_edge``).
+- **A non-zero sum truncated to zero is +0** rests on 4 outputs (all with a subnormal c);
+  the exact-zero cases (5,120) are many. Category ``underflow_sign`` targets the former.
+- Why −158 (2^−158 = 2^−149 · 2^−9; emax clamped at −133, the exponent of bf16's smallest
+  subnormal) is not known; the rule states what the hardware does, not how.
+- One GPU (H200, sm_90), one driver, one instruction shape and type
+  (m16n8k16, bf16 → f32). ``wgmma.mma_async m64n8k16`` gave the same bits as ``mma.sync`` on
+  512,000 outputs of normal tiles only; its special cases are not recorded.
+- The earlier probe (3.1 M normal-range outputs, 100 %) and this file agree; sequential fp32 fma
+  matched only 46–59 % of normal outputs there, exact-sum-then-round-to-nearest 57–70 %.
+
+The other values of ``Rule``'s fields are kept for the recorder's analysis
+(``tools/mma_vectors.py`` prints the match rate of every single change per category, and searches
+for the best rule) and for ``harness mma-check FILE.npz --rule SPEC``:
+
+- ``in_sub``, ``c_sub``: FIELD (ex = −126) · LOG2 (ex = floor(log2|x|)) · DAZ (a signed zero).
+- ``out_sub``: RZ · RNE · RNA · RZ24RNE (24 significant bits, then RNE to 2^−149) · FTZ.
+- ``grid_floor``: an integer, or ``none`` (no bound on g).
+- ``overflow``: INF · MAXFLT. ``prod_ovf``: EXACT · INF (a product with e_k ≥ 128 is ±∞ on its
+  own). ``inf_zero``: NAN · ZERO. ``zero_sign``: PLUS · IEEE (−0 when c = −0 and all 16
+  products are −0, and a negative sum truncated to zero keeps its sign). ``nan_bits``: a pattern.
+  ``norm_round``: RZ · RNE (a foil).
 
 Implementations
 ---------------
@@ -94,10 +127,14 @@ Implementations
 - ``mma_check(A, B, C, rule)``: n tiles ([n,16,16] u16, [n,16,8] u16, [n,16,8] f32 → f32),
   parallel over tiles (``prange``), never reducing across threads.
 - ``ref_mma(A, B, C, rule)``: pure Python with ``fractions.Fraction``, written independently
-  from the same rule text, for tests.
+  from the same rule text, for tests (on 216 fresh random tiles of every recorder category,
+  27,648 outputs, it equals the Numba emulation bit for bit).
+- ``explain_dot(arow, bcol, cbits, rule, hw_bits)``: the rule's steps for one output as text
+  (terms, exponents, grid, what truncation removes, S), for studying a mismatch.
 
 Layouts here are plain row-major (m, k) for A, (k, n) for B and (m, n) for C/D; the register
 fragment layout of the instruction belongs to the kernels (``tools/mma_vectors.py``).
+How GEMMs and attention compose this instruction in the exact-bf16 mode: ``MMA.md``.
 """
 
 from __future__ import annotations
@@ -119,6 +156,7 @@ IZ_NAN, IZ_ZERO = 0, 1  # inf_zero
 ZS_IEEE, ZS_PLUS = 0, 1  # zero_sign
 RND_RZ, RND_RNE = 0, 1  # norm_round
 NO_FLOOR = -(1 << 20)  # grid_floor: none
+GRID_FLOOR = -158  # measured: the alignment grid never goes below 2^-158
 
 NAMES = {
     "in_sub": {SUB_FIELD: "field", SUB_LOG2: "log2", SUB_DAZ: "daz"},
@@ -138,16 +176,18 @@ QNAN = 0x7FC00000
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """One candidate rule: the certain core plus a choice for each uncertain part."""
+    """One rule: the fixed core plus a choice for each named part. The defaults are the measured
+    H200 rule (``DEFAULT``); the other values are the alternatives the recorder's analysis and
+    ``harness mma-check --rule`` compare against it."""
 
     in_sub: int = SUB_FIELD
     c_sub: int = SUB_FIELD
     out_sub: int = OUT_RZ
-    grid_floor: int = NO_FLOOR
+    grid_floor: int = GRID_FLOOR
     overflow: int = OVF_INF
     prod_ovf: int = PROD_EXACT
     inf_zero: int = IZ_NAN
-    zero_sign: int = ZS_IEEE
+    zero_sign: int = ZS_PLUS
     nan_bits: int = NAN_CUDA
     norm_round: int = RND_RZ
 
@@ -441,7 +481,7 @@ def _dot_bits(A, B, Cb, i, j, P):
         return sign | ((E + 127) << 23) | (q & 0x7FFFFF)
     # subnormal range: the grid is 2^-149
     if out_sub == OUT_FTZ:
-        return sign
+        return sign if zero_sign == ZS_IEEE else np.int64(0)
     sh = g + 149
     if sh >= 0:
         q = M << sh
@@ -457,6 +497,8 @@ def _dot_bits(A, B, Cb, i, j, P):
             if p > 23:
                 M = (M >> (p - 23)) << (p - 23)
             q = _shift_rne(M, r)
+    if q == 0 and zero_sign == ZS_PLUS:
+        return np.int64(0)  # a sum that rounds to zero is +0, whatever its sign
     return sign | q  # q == 2^23 is the smallest normal, bit for bit
 
 
@@ -564,7 +606,7 @@ def _to_f32_bits(x: Fraction, rule: Rule) -> int:
             return sign | (0x7F800000 if rule.overflow == OVF_INF else 0x7F7FFFFF)
         return sign | bits
     if rule.out_sub == OUT_FTZ:
-        return sign
+        return sign if rule.zero_sign == ZS_IEEE else 0
     quantum = Fraction(2) ** -149
     if rule.out_sub == OUT_RZ24_RNE:
         q24 = Fraction(2) ** (E - 23)
@@ -577,6 +619,8 @@ def _to_f32_bits(x: Fraction, rule: Rule) -> int:
             q += 1
     elif rule.out_sub == OUT_RNA and fr >= Fraction(1, 2):
         q += 1
+    if q == 0 and rule.zero_sign == ZS_PLUS:
+        return 0  # a sum that rounds to zero is +0
     return sign | q
 
 
@@ -632,6 +676,55 @@ def ref_dot(arow, bcol, cbits: int, rule: Rule = DEFAULT) -> int:
     if total == 0:
         return 0
     return _to_f32_bits(total, rule)
+
+
+def _f32_value(bits: int):
+    d = _decode(int(bits), 8, 23)
+    return None if d[0] != "fin" else (-1) ** d[1] * d[2]
+
+
+def explain_dot(arow, bcol, cbits: int, rule: Rule = DEFAULT, hw_bits: "int | None" = None) -> str:
+    """The rule's steps for one output, as text: each non-zero term with its exponent e, its value
+    in units of the grid 2^g and what truncation leaves; S; the exact sum; the rule's result and,
+    given ``hw_bits``, the hardware's (for studying a mismatch). Finite inputs only."""
+    rows = []
+    for k, (a, b) in enumerate(zip(arow, bcol)):
+        da, db = _decode(int(a), 8, 7), _decode(int(b), 8, 7)
+        if da[0] != "fin" or db[0] != "fin":
+            return f"k={k}: a {int(a):04x} b {int(b):04x} is ±inf/NaN: rule step 1 (specials)"
+        if da[2] == 0 or db[2] == 0:
+            continue
+        e = _ex_ref(da, rule.in_sub) + _ex_ref(db, rule.in_sub)
+        rows.append((e, f"k={k:<2d} a {int(a):04x} b {int(b):04x}", (-1) ** (da[1] ^ db[1]) * da[2] * db[2]))
+    dc = _decode(int(cbits), 8, 23)
+    if dc[0] != "fin":
+        return f"c {int(cbits):08x} is ±inf/NaN: rule step 1 (specials)"
+    if dc[2] != 0:
+        rows.append((_ex_ref(dc, rule.c_sub), f"c    {int(cbits):08x}     ", (-1) ** dc[1] * dc[2]))
+    if not rows:
+        return "all 17 terms zero → +0" if rule.zero_sign == ZS_PLUS else "all 17 terms zero"
+    emax = max(r[0] for r in rows)
+    g = max(emax - 25, rule.grid_floor)
+    unit = Fraction(2) ** g
+    out = [f"emax {emax}, grid 2^{g} (emax − 25 = {emax - 25}"
+           + (f", floor {rule.grid_floor})" if rule.grid_floor != NO_FLOOR else ", no floor)")]
+    S = 0
+    for e, name, v in sorted(rows, key=lambda r: -r[0]):
+        q = v / unit
+        t = int(q)
+        S += t
+        out.append(f"  {name} e={e:5d}  {float(v):+.9e} = {float(q):+.6f}·2^{g} → {t:+d} (lost {float(q - t):+.6f})")
+    exact = sum((r[2] for r in rows), Fraction(0))
+    sub = Fraction(2) ** -149
+    out.append(f"  S = {S:+d}·2^{g} = {float(S * unit / sub):+.6f}·2^-149; exact sum "
+               f"{float(exact / sub):+.9f}·2^-149 ({float(exact):+.9e})")
+    mine = ref_dot(arow, bcol, cbits, rule)
+    out.append(f"  rule: {mine:08x} = {float(_f32_value(mine) / sub):+.1f}·2^-149")
+    if hw_bits is not None:
+        hv = _f32_value(int(hw_bits))
+        txt = f"{float(hv / sub):+.1f}·2^-149" if hv is not None else "non-finite"
+        out.append(f"  hardware: {int(hw_bits):08x} = {txt}")
+    return "\n".join(out)
 
 
 def ref_mma(A, B, C, rule: Rule = DEFAULT) -> np.ndarray:
