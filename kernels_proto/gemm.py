@@ -307,22 +307,22 @@ class Kernel:
 
     def _opt_in(self, args):
         """Dynamic shared memory above 48 KB needs the function attribute set once per compiled
-        overload (a GPU only)."""
+        overload (on a GPU; the same driver call numba-cuda uses for the carveout)."""
         if SIMULATED or self.smem <= STATIC_SMEM_MAX:
             return
-        from numba.cuda.cudadrv import driver as drv
-        from numba.cuda.cudadrv.driver import binding
-        k = self.kern
-        sig = tuple(k.typeof_pyval(a) for a in args)
+        from numba.cuda.cudadrv.driver import binding, driver
+        sig = tuple(self.kern.typeof_pyval(a) for a in args)
         if sig in self._opted:
             return
-        kern = k.compile(sig) if hasattr(k, "compile") else k.overloads[sig]
-        if kern is None or not hasattr(kern, "_codelibrary"):
-            kern = k.overloads[sig]
-        cufunc = kern._codelibrary.get_cufunc()
+        cufunc = self.kern.compile(sig)._codelibrary.get_cufunc()
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        drv.driver.cuKernelSetAttribute(attr, self.smem, cufunc.handle, cufunc.device.id)
+        driver.cuKernelSetAttribute(attr, self.smem, cufunc.handle, cufunc.device.id)
         self._opted.add(sig)
+
+    def cufunc(self, X, W, out, R):
+        """The loaded function of the overload for these arguments (registers: ``.attrs.regs``)."""
+        sig = tuple(self.kern.typeof_pyval(a) for a in (X, W, out, R))
+        return self.kern.compile(sig)._codelibrary.get_cufunc()
 
     def __call__(self, X, W, out, R, stream=0):
         N = W.shape[0]
