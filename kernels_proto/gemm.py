@@ -90,44 +90,82 @@ def _thread_header(e, BM, BN, SUBM, SUBN, WN):
     e(1, "sw = W.strides[0] // W.itemsize")
 
 
-def _zero_regs(e, TMv, TNv):
-    for i in range(TMv):
-        e(1, " = ".join([f"c{i}_{j}" for j in range(TNv)] + [f"p{i}_{j}" for j in range(TNv)]) + " = F32(0.0)")
-
-
-def _compute_stage(e, ind, BK, PM, PN, HM, HN, SUBM, SUBN, bexpr_a, bexpr_b, swz=False):
-    """BK k-steps of the outer product from shared buffers (a stage); offsets from ``ba``/``bb``."""
+def _helpers(e, SUBM, SUBN, HM, HN):
+    """Device functions (inlined by NVVM) holding the per-thread tile as a tuple of float32:
+    ``kstep`` (one k-step: 4·SUBM + 4·SUBN operands by ``LDS.128``, then one fma per output),
+    ``fold`` (``C + P`` elementwise) and ``store_tile``. One generated statement per fma in the
+    kernel body makes Numba's front end (SSA, typing, lowering) take minutes; here it compiles
+    each body once per kernel."""
     TMv, TNv = 4 * SUBM, 4 * SUBN
+    n = TMv * TNv
+    e(0, "@dev")
+    e(0, "def kstep(As, Bs, oa, ob, P):")
+    for sm in range(SUBM):
+        e(1, f"a{4*sm}, a{4*sm+1}, a{4*sm+2}, a{4*sm+3} = lds4(As, oa + {sm * HM})")
+    for sn in range(SUBN):
+        e(1, f"b{4*sn}, b{4*sn+1}, b{4*sn+2}, b{4*sn+3} = lds4(Bs, ob + {sn * HN})")
+    e(1, "return (" + ", ".join(f"fma(a{q // TNv}, b{q % TNv}, P[{q}])" for q in range(n)) + ")")
+    # the same k-step split in two, for explicit fragment double buffering in the stage body
+    e(0, "@dev")
+    e(0, "def frag(As, Bs, oa, ob):")
+    for sm in range(SUBM):
+        e(1, f"a{4*sm}, a{4*sm+1}, a{4*sm+2}, a{4*sm+3} = lds4(As, oa + {sm * HM})")
+    for sn in range(SUBN):
+        e(1, f"b{4*sn}, b{4*sn+1}, b{4*sn+2}, b{4*sn+3} = lds4(Bs, ob + {sn * HN})")
+    e(1, "return (" + ", ".join([f"a{i}" for i in range(TMv)] + [f"b{j}" for j in range(TNv)]) + ")")
+    e(0, "@dev")
+    e(0, "def outer(F, P):")
+    e(1, "return (" + ", ".join(f"fma(F[{q // TNv}], F[{TMv + q % TNv}], P[{q}])" for q in range(n)) + ")")
+    e(0, "@dev")
+    e(0, "def fold(C, P):")
+    e(1, "return (" + ", ".join(f"C[{q}] + P[{q}]" for q in range(n)) + ")")
+    e(0, "@dev")
+    e(0, "def store_tile(out, C, r0, c0, R, N):")
+    for i in range(TMv):
+        e(1, f"r = r0 + {(i // 4) * HM + i % 4}")
+        e(1, "if r < R:")
+        for j in range(TNv):
+            e(2, f"c = c0 + {(j // 4) * HN + j % 4}")
+            e(2, "if c < N:")
+            e(3, f"out[r, c] = C[{i * TNv + j}]")
+    e(0, "ZT = (" + ", ".join(["F32(0.0)"] * n) + ",)")
+
+
+def _zero_regs(e, TMv, TNv):
+    e(1, "C = ZT")
+    e(1, "P = ZT")
+
+
+def _compute_stage(e, ind, BK, PM, PN, HM, HN, SUBM, SUBN, bexpr_a, bexpr_b, swz=False, dbuf=False):
+    """BK k-steps of the outer product from shared buffers (a stage); offsets from ``ba``/``bb``
+    (``ba{k%8}``/``bb{k%8}`` with the XOR swizzle). ``dbuf``: the operands of k-step kk+1 are
+    loaded (in program order) before the fmas of k-step kk."""
+    def offs(kk):
+        if swz:
+            return f"ba{kk % 8} + {(kk - kk % 8) * PM}, bb{kk % 8} + {(kk - kk % 8) * PN}"
+        return f"ba + {kk * PM}, bb + {kk * PN}"
+
+    if not dbuf:
+        for kk in range(BK):
+            e(ind, f"P = kstep(As, Bs, {offs(kk)}, P)")
+        return
+    e(ind, f"F0 = frag(As, Bs, {offs(0)})")
     for kk in range(BK):
-        for sm in range(SUBM):
-            base = f"ba{kk % 8}" if swz else "ba"
-            e(ind, f"a{4*sm}, a{4*sm+1}, a{4*sm+2}, a{4*sm+3} = lds4(As, {base} + {(kk if not swz else kk - kk % 8) * PM + sm * HM})")
-        for sn in range(SUBN):
-            base = f"bb{kk % 8}" if swz else "bb"
-            e(ind, f"b{4*sn}, b{4*sn+1}, b{4*sn+2}, b{4*sn+3} = lds4(Bs, {base} + {(kk if not swz else kk - kk % 8) * PN + sn * HN})")
-        for i in range(TMv):
-            for j in range(TNv):
-                e(ind, f"p{i}_{j} = fma(a{i}, b{j}, p{i}_{j})")
+        if kk + 1 < BK:
+            e(ind, f"F{(kk + 1) % 2} = frag(As, Bs, {offs(kk + 1)})")
+        e(ind, f"P = outer(F{kk % 2}, P)")
 
 
 def _fold(e, ind, TMv, TNv):
-    for i in range(TMv):
-        for j in range(TNv):
-            e(ind, f"c{i}_{j} = c{i}_{j} + p{i}_{j}")
-        e(ind, " = ".join(f"p{i}_{j}" for j in range(TNv)) + " = F32(0.0)")
+    e(ind, "C = fold(C, P)")
+    e(ind, "P = ZT")
 
 
 def _epilogue(e, TMv, TNv, HM, HN):
-    for i in range(TMv):
-        e(1, f"r = row0 + aoff + {(i // 4) * HM + i % 4}")
-        e(1, "if r < R:")
-        for j in range(TNv):
-            e(2, f"c = col0 + boff + {(j // 4) * HN + j % 4}")
-            e(2, "if c < N:")
-            e(3, f"out[r, c] = c{i}_{j}")
+    e(1, "store_tile(out, C, row0 + aoff, col0 + boff, R, N)")
 
 
-def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False):
+def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False, dbuf=True):
     """Source of an ``rp`` kernel. ``xv``: 128-bit X loads (else scalar); ``wkind``: "v"/"s"
     float32 W (vector/scalar loads), "hv"/"hs" bf16 W."""
     HM, HN, TY, TX, NT, WN = _layout(BM, BN, SUBM, SUBN)
@@ -139,6 +177,7 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False)
     SPS = SLICE // BK
     TMv, TNv = 4 * SUBM, 4 * SUBN
     e = _Src()
+    _helpers(e, SUBM, SUBN, HM, HN)
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
     if dyn:
@@ -195,7 +234,7 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False)
     e(1, "for s in range(nst):")
     e(2, f"ba = (s & 1) * {BK * PM} + aoff")
     e(2, f"bb = (s & 1) * {BK * PN} + boff")
-    _compute_stage(e, 2, BK, PM, PN, HM, HN, SUBM, SUBN, "ba", "bb")
+    _compute_stage(e, 2, BK, PM, PN, HM, HN, SUBM, SUBN, "ba", "bb", dbuf=dbuf)
     if SPS > 1:
         e(2, f"if (s + 1) % {SPS} == 0 or s + 1 == nst:")
         _fold(e, 3, TMv, TNv)
@@ -211,26 +250,33 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False)
     return e.text(), NT, smem
 
 
-def src_ca(BM=128, BN=128, STAGES=3, SUBM=2, SUBN=2):
-    """Source of a ``ca`` kernel (cp.async, BK = 32, STAGES shared buffers, dynamic shared memory).
+def src_ca(BM=128, BN=128, BK=32, STAGES=3, SUBM=2, SUBN=2, dbuf=True):
+    """Source of a ``ca`` kernel (cp.async, BK ∈ {8, 16, 32}, STAGES shared buffers; dynamic
+    shared memory above 48 KB).
 
-    Copy mapping: thread t copies columns k = t%8 + 8·jk (jk < 4) of rows m = (t//8)%4 + 4·(t//32)
-    + 32·jm of a 32-column tile (a warp: 8 columns × 4 rows, one 32-byte sector per row), to
+    Copy mapping: thread t copies columns k = t%8 + 8·jk (jk < BK/8) of rows m = (t//8)%4 +
+    4·(t//32) + RPW·jm (RPW = threads/8, a multiple of 32) of a BK-column tile (a warp: 8 columns × 4 rows, one 32-byte sector per row), to
     ``T[k][m ^ 4·(k%8)]`` (no row padding): 32 distinct banks per store, and a 4-aligned group
     of 4 rows stays contiguous, so ``LDS.128`` reads (fixed k) are conflict-free too."""
-    BK = SLICE
     HM, HN, TY, TX, NT, WN = _layout(BM, BN, SUBM, SUBN)
     RPW = NT // 8  # rows covered by one jm step: 4 rows per warp × NT/32 warps
-    if BM % RPW or BN % RPW or BM < 32 or BN < 32:
-        raise ValueError(f"ca {BM}x{BN}: rows do not split over the copy mapping")
+    if BM % RPW or BN % RPW or RPW % 32 or BK % 8 or SLICE % BK:
+        raise ValueError(f"ca {BM}x{BN}x{BK}: rows do not split over the copy mapping")
+    SPS = SLICE // BK
+    dyn = 4 * STAGES * BK * (BM + BN) > STATIC_SMEM_MAX
     JA, JB = BM // RPW, BN // RPW
     TMv, TNv = 4 * SUBM, 4 * SUBN
     SA, SB = BK * BM, BK * BN  # floats per stage
     e = _Src()
+    _helpers(e, SUBM, SUBN, HM, HN)
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
-    e(1, "As = cuda.shared.array(0, f32t)")
-    e(1, f"Bs = As[{STAGES * SA}:]")
+    if dyn:
+        e(1, "As = cuda.shared.array(0, f32t)")
+        e(1, f"Bs = As[{STAGES * SA}:]")
+    else:
+        e(1, f"As = cuda.shared.array({STAGES * SA}, np.float32, alignment=ALIGN)")
+        e(1, f"Bs = cuda.shared.array({STAGES * SB}, np.float32, alignment=ALIGN)")
     e(1, "ck = tid % 8")
     e(1, f"cm = (tid // 8) % 4 + 4 * (tid // 32)")
     e(1, "swz = 4 * ck")
@@ -250,12 +296,16 @@ def src_ca(BM=128, BN=128, STAGES=3, SUBM=2, SUBN=2):
     def issue(ind, stage_expr, kexpr):
         e(ind, f"oa = {stage_expr} * {SA} + sa")
         e(ind, f"ob = {stage_expr} * {SB} + sb")
-        for jk in range(4):
+        for j in range(JA):
+            e(ind, f"gx{j} = xo{j} + {kexpr}")
+        for j in range(JB):
+            e(ind, f"gw{j} = wo{j} + {kexpr}")
+        for jk in range(BK // 8):
             e(ind, f"pk = ck + {kexpr} + {8 * jk} < K")
             for j in range(JA):
-                e(ind, f"cpa4(As, oa + {8 * jk * BM + j * RPW}, X, xo{j} + {kexpr} + {8 * jk}, pk)")
+                e(ind, f"cpa4(As, oa, {8 * jk * BM + j * RPW}, X, gx{j}, {8 * jk}, pk)")
             for j in range(JB):
-                e(ind, f"cpa4(Bs, ob + {8 * jk * BN + j * RPW}, W, wo{j} + {kexpr} + {8 * jk}, pk)")
+                e(ind, f"cpa4(Bs, ob, {8 * jk * BN + j * RPW}, W, gw{j}, {8 * jk}, pk)")
         e(ind, "cpa_commit()")
 
     # prologue: stages 0..STAGES-2 in flight (past the end: zero-filled, never read)
@@ -271,14 +321,18 @@ def src_ca(BM=128, BN=128, STAGES=3, SUBM=2, SUBN=2):
     for q in range(8):
         e(2, f"ba{q} = rd * {SA} + ra{q}")
         e(2, f"bb{q} = rd * {SB} + rb{q}")
-    _compute_stage(e, 2, BK, BM, BN, HM, HN, SUBM, SUBN, "ba", "bb", swz=True)
-    _fold(e, 2, TMv, TNv)
+    _compute_stage(e, 2, BK, BM, BN, HM, HN, SUBM, SUBN, "ba", "bb", swz=True, dbuf=dbuf)
+    if SPS > 1:
+        e(2, f"if (s + 1) % {SPS} == 0 or s + 1 == nst:")
+        _fold(e, 3, TMv, TNv)
+    else:
+        _fold(e, 2, TMv, TNv)
     e(2, f"rd = 0 if rd == {STAGES - 1} else rd + 1")
     e(2, f"wr = 0 if wr == {STAGES - 1} else wr + 1")
     e(1, "cpa_wait(0)")
     _epilogue(e, TMv, TNv, HM, HN)
     smem = 4 * STAGES * BK * (BM + BN)
-    return e.text(), NT, smem
+    return e.text(), NT, smem, dyn
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,7 +340,8 @@ def src_ca(BM=128, BN=128, STAGES=3, SUBM=2, SUBN=2):
 # ------------------------------------------------------------------------------------------------
 _NS = dict(cuda=cuda, np=np, F32=F32, f32t=numba_types.float32, fma=fma, lds4=lds4, sts1=sts1, ldg4p=ldg4p, ldg1p=ldg1p,
            ldgh4p=ldgh4p, ldgh1p=ldgh1p, cpa4=cpa4, cpa_commit=cpa_commit, cpa_wait=cpa_wait,
-           ALIGN=ALIGN, min=min)
+           ALIGN=ALIGN, min=min,
+           dev=cuda.jit(device=True) if SIMULATED else cuda.jit(device=True, forceinline=True))
 
 
 class Kernel:
@@ -299,7 +354,9 @@ class Kernel:
         ns = dict(_NS)
         exec(compile(src, f"<gemm_{name}>", "exec"), ns)
         self.fn = ns["kern"]
-        self.kern = cuda.jit(self.fn)
+        # a block must fit the register file: 64 K registers
+        self.kern = cuda.jit(self.fn) if threads <= 256 or SIMULATED else cuda.jit(
+            self.fn, max_registers=65536 // threads)
         self._opted = set()
 
     def grid(self, N, R):
@@ -316,7 +373,10 @@ class Kernel:
             return
         cufunc = self.kern.compile(sig)._codelibrary.get_cufunc()
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attr, self.smem, cufunc.handle, cufunc.device.id)
+        try:  # a CUkernel handle (cuda.core ≥ 0.6 loads libraries), as for the carveout
+            driver.cuKernelSetAttribute(attr, self.smem, cufunc.handle, cufunc.device.id)
+        except Exception:  # noqa: BLE001  (a CUfunction handle)
+            driver.cuFuncSetAttribute(cufunc.handle, attr, self.smem)
         self._opted.add(sig)
 
     def cufunc(self, X, W, out, R):
@@ -348,8 +408,7 @@ def kernel(family="rp", **cfg) -> Kernel:
             if smem > STATIC_SMEM_MAX and not dyn:
                 raise ValueError(f"rp {cfg}: {smem} B of shared memory needs dyn=True")
         elif family == "ca":
-            src, nt, smem = src_ca(**cfg)
-            dyn = True
+            src, nt, smem, dyn = src_ca(**cfg)
         else:
             raise ValueError(family)
         BM, BN = cfg.get("BM", 128), cfg.get("BN", 128)
@@ -361,13 +420,15 @@ def kernel(family="rp", **cfg) -> Kernel:
 # name -> (family, config without the loader choice). The probe times each; "rp_*" variants pick
 # vector or scalar loaders per call (see ``gemm``).
 VARIANTS = {
-    "rp128x128k8": ("rp", dict(BM=128, BN=128, BK=8)),
     "rp128x128k16": ("rp", dict(BM=128, BN=128, BK=16)),
+    "rp128x128k8": ("rp", dict(BM=128, BN=128, BK=8)),
     "rp128x128k32": ("rp", dict(BM=128, BN=128, BK=32, dyn=True)),
-    "rp128x64k16": ("rp", dict(BM=128, BN=64, BK=16, SUBN=1)),
-    "rp64x128k16": ("rp", dict(BM=64, BN=128, BK=16, SUBM=1)),
-    "ca128x128s3": ("ca", dict(BM=128, BN=128, STAGES=3)),
-    "ca128x128s4": ("ca", dict(BM=128, BN=128, STAGES=4)),
+    "rp128x128k16t84": ("rp", dict(BM=128, BN=128, BK=16, SUBN=1)),  # 8x4 per thread, 512 threads
+    "rp128x64k16": ("rp", dict(BM=128, BN=64, BK=16, SUBN=1)),  # 8x4 per thread, 2 blocks per SM
+    "ca128x128k16s3": ("ca", dict(BM=128, BN=128, BK=16, STAGES=3)),  # 48 KB static
+    "ca128x128k32s3": ("ca", dict(BM=128, BN=128, BK=32, STAGES=3)),  # 96 KB dynamic
+    "ca128x128k16s4": ("ca", dict(BM=128, BN=128, BK=16, STAGES=4)),  # 64 KB dynamic
+    "ca128x128k16s3t84": ("ca", dict(BM=128, BN=128, BK=16, STAGES=3, SUBN=1)),  # 512 threads
 }
 DEFAULT = "rp128x128k16"
 

@@ -14,9 +14,11 @@ scalar loads only. These intrinsics address an array's data pointer by a flat el
   ``ld.global.nc.v2.b32``; ``off`` a multiple of 4, ``A`` 8-byte aligned) widened exactly to
   float32: bits ``w << 16`` (the same bits as ``bits_to_f32(int32(w) << 16)``); +0.0 where ``p`` is 0.
 - ``ldgh1p(A, off, p)``: one bf16 (``ld.global.nc.u16``) widened the same way, or +0.0.
-- ``cpa4(S, i, A, off, p)``: ``cp.async.ca.shared.global`` of 4 bytes from ``A.flat[off]`` to
-  ``S.flat[i]``; where ``p`` is 0 it writes +0.0 (src-size 0: zero fill) and reads nothing.
-- ``cpa16(S, i, A, off, p)``: the same for 16 bytes (``cp.async.cg``, both sides 16-byte aligned).
+- ``cpa4(S, i, si, A, off, gi, p)``: ``cp.async.ca.shared.global`` of 4 bytes from
+  ``A.flat[off + gi]`` to ``S.flat[i + si]``; ``si``, ``gi`` are compile-time constants, emitted
+  as address immediates (``[reg+imm]``: no address arithmetic per copy); where ``p`` is 0 it
+  writes +0.0 (src-size 0: zero fill) and reads nothing.
+- ``cpa16(...)``: the same for 16 bytes (``cp.async.cg``, both sides 16-byte aligned).
 - ``cpa_commit()``, ``cpa_wait(n)`` (``n`` a compile-time constant): ``cp.async.commit_group`` and
   ``cp.async.wait_group n``.
 
@@ -76,12 +78,12 @@ if SIMULATED:
         row, c = _flat(A, off)
         return _widen(row[c])
 
-    def cpa4(S, i, A, off, p):
-        S[int(i)] = ldg1p(A, off, p)
+    def cpa4(S, i, si, A, off, gi, p):
+        S[int(i) + si] = ldg1p(A, int(off) + gi, p)
 
-    def cpa16(S, i, A, off, p):
-        v = ldg4p(A, off, p)
-        i = int(i)
+    def cpa16(S, i, si, A, off, gi, p):
+        v = ldg4p(A, int(off) + gi, p)
+        i = int(i) + si
         for e in range(4):
             S[i + e] = v[e]
 
@@ -217,17 +219,20 @@ else:
         return sig, codegen
 
     def _cpa(nbytes, cache):
-        text = f"cp.async.{cache}.shared.global [$0], [$1], {nbytes}, $2;"
-
         @intrinsic
-        def cpa(typingctx, S, i, A, off, p):
-            sig = types.void(S, i, A, off, p)
+        def cpa(typingctx, S, i, si, A, off, gi, p):
+            if not (isinstance(si, types.IntegerLiteral) and isinstance(gi, types.IntegerLiteral)):
+                return None
+            sig = types.void(S, i, si, A, off, gi, p)
+            s_imm = si.literal_value * S.dtype.bitwidth // 8  # element offsets -> byte immediates
+            g_imm = gi.literal_value * A.dtype.bitwidth // 8
+            text = f"cp.async.{cache}.shared.global [$0+{s_imm}], [$1+{g_imm}], {nbytes}, $2;"
 
             def codegen(context, builder, sig, args):
                 sp = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
                 s32 = builder.ptrtoint(builder.addrspacecast(sp, ir.PointerType(sp.type.pointee, 3)), _i32)
-                gp = _gptr(builder, _elem_ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3]))
-                size = builder.mul(_pred(builder, sig.args[4], args[4]), ir.Constant(_i32, nbytes))
+                gp = _gptr(builder, _elem_ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4]))
+                size = builder.mul(_pred(builder, sig.args[6], args[6]), ir.Constant(_i32, nbytes))
                 fn = ir.FunctionType(ir.VoidType(), [_i32, gp.type, _i32])
                 builder.call(ir.InlineAsm(fn, text, "r,l,r,~{memory}", side_effect=True), [s32, gp, size])
                 return context.get_dummy_value()
