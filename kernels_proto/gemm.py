@@ -181,7 +181,7 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False,
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
     if dyn:
-        e(1, "As = cuda.shared.array(0, f32t)")
+        e(1, "As = cuda.shared.array(0, f32t, alignment=ALIGN)")
         e(1, f"Bs = As[{2 * BK * PM}:]")
     else:
         e(1, f"As = cuda.shared.array({2 * BK * PM}, np.float32, alignment=ALIGN)")
@@ -228,7 +228,7 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False,
     # iteration instead, ptxas sinks them to a few dozen instructions before their stores).
     loads(1, "0")
     stores(1, "", "")
-    e(1, f"kn = min(1, nst - 1) * {BK}")
+    e(1, f"kn = min(1, max(nst - 1, 0)) * {BK}")
     loads(1, "kn")
     e(1, "cuda.syncthreads()")
     e(1, "for s in range(nst):")
@@ -272,7 +272,7 @@ def src_ca(BM=128, BN=128, BK=32, STAGES=3, SUBM=2, SUBN=2, dbuf=True):
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
     if dyn:
-        e(1, "As = cuda.shared.array(0, f32t)")
+        e(1, "As = cuda.shared.array(0, f32t, alignment=ALIGN)")
         e(1, f"Bs = As[{STAGES * SA}:]")
     else:
         e(1, f"As = cuda.shared.array({STAGES * SA}, np.float32, alignment=ALIGN)")
