@@ -177,7 +177,6 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False,
     SPS = SLICE // BK
     TMv, TNv = 4 * SUBM, 4 * SUBN
     e = _Src()
-    _helpers(e, SUBM, SUBN, HM, HN)
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
     if dyn:
@@ -247,7 +246,7 @@ def src_rp(BM=128, BN=128, BK=16, SUBM=2, SUBN=2, xv=True, wkind="v", dyn=False,
     e(2, "cuda.syncthreads()")
     _epilogue(e, TMv, TNv, HM, HN)
     smem = 4 * 2 * BK * (PM + PN)
-    return e.text(), NT, smem
+    return e.text(), NT, smem, (SUBM, SUBN, HM, HN)
 
 
 def src_ca(BM=128, BN=128, BK=32, STAGES=3, SUBM=2, SUBN=2, dbuf=True):
@@ -268,7 +267,6 @@ def src_ca(BM=128, BN=128, BK=32, STAGES=3, SUBM=2, SUBN=2, dbuf=True):
     TMv, TNv = 4 * SUBM, 4 * SUBN
     SA, SB = BK * BM, BK * BN  # floats per stage
     e = _Src()
-    _helpers(e, SUBM, SUBN, HM, HN)
     e(0, "def kern(X, W, out, R):")
     _thread_header(e, BM, BN, SUBM, SUBN, WN)
     if dyn:
@@ -332,7 +330,7 @@ def src_ca(BM=128, BN=128, BK=32, STAGES=3, SUBM=2, SUBN=2, dbuf=True):
     e(1, "cpa_wait(0)")
     _epilogue(e, TMv, TNv, HM, HN)
     smem = 4 * STAGES * BK * (BM + BN)
-    return e.text(), NT, smem, dyn
+    return e.text(), NT, smem, dyn, (SUBM, SUBN, HM, HN)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -344,14 +342,31 @@ _NS = dict(cuda=cuda, np=np, F32=F32, f32t=numba_types.float32, fma=fma, lds4=ld
            dev=cuda.jit(device=True) if SIMULATED else cuda.jit(device=True, forceinline=True))
 
 
+_HELPERS: dict = {}
+
+
+def _helper_ns(key):
+    """The device helpers for one thread-tile geometry, compiled once per process and shared by
+    every kernel with that geometry."""
+    if key not in _HELPERS:
+        e = _Src()
+        _helpers(e, *key)
+        ns = dict(_NS)
+        exec(compile(e.text(), f"<gemm_helpers_{'_'.join(map(str, key))}>", "exec"), ns)
+        _HELPERS[key] = ({k: ns[k] for k in ("kstep", "frag", "outer", "fold", "store_tile", "ZT")}, e.text())
+    return _HELPERS[key]
+
+
 class Kernel:
     """One generated kernel: ``fn`` (the Python function), ``kern`` (the CUDA dispatcher),
     ``threads``, tile ``BM``×``BN``, ``smem`` bytes and whether it is dynamic."""
 
-    def __init__(self, name, src, threads, smem, BM, BN, dyn):
-        self.name, self.src, self.threads, self.smem, self.BM, self.BN = name, src, threads, smem, BM, BN
-        self.dyn = dyn
+    def __init__(self, name, src, threads, smem, BM, BN, dyn, hkey):
+        self.threads, self.smem, self.BM, self.BN, self.dyn = threads, smem, BM, BN, dyn
+        helpers, hsrc = _helper_ns(hkey)
+        self.name, self.src = name, hsrc + src
         ns = dict(_NS)
+        ns.update(helpers)
         exec(compile(src, f"<gemm_{name}>", "exec"), ns)
         self.fn = ns["kern"]
         # a block must fit the register file: 64 K registers
@@ -403,17 +418,17 @@ def kernel(family="rp", **cfg) -> Kernel:
     key = (family, tuple(sorted(cfg.items())))
     if key not in _CACHE:
         if family == "rp":
-            src, nt, smem = src_rp(**cfg)
+            src, nt, smem, hkey = src_rp(**cfg)
             dyn = cfg.get("dyn", False)
             if smem > STATIC_SMEM_MAX and not dyn:
                 raise ValueError(f"rp {cfg}: {smem} B of shared memory needs dyn=True")
         elif family == "ca":
-            src, nt, smem, dyn = src_ca(**cfg)
+            src, nt, smem, dyn, hkey = src_ca(**cfg)
         else:
             raise ValueError(family)
         BM, BN = cfg.get("BM", 128), cfg.get("BN", 128)
         name = family + "_" + "_".join(f"{k}{v}" for k, v in sorted(cfg.items()))
-        _CACHE[key] = Kernel(name, src, nt, smem, BM, BN, dyn)
+        _CACHE[key] = Kernel(name, src, nt, smem, BM, BN, dyn, hkey)
     return _CACHE[key]
 
 
