@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent(r'''
         if name == "ca128x128k32s3":
             case(name, launch, 5, 37, 20)
     launch = lambda X, W, o, R: G.gemm(X, W, o, R)
-    case("gemm() default", launch, 130, 70, 129)
+    case("gemm() default", launch, 130, 40, 20)  # two row tiles
     case("gemm() default", launch, 5, 41, 20, special=True)
     case("gemm() default", launch, 5, 40, 20, half=True)
     case("gemm() default", launch, 5, 41, 20, half=True)
