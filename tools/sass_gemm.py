@@ -45,13 +45,14 @@ def _opc(t):
     return re.sub(r"^@!?U?P[T0-9]\s+", "", t).split()[0]
 
 
-def analyse(name, bf16=False, keep=None):
+def analyse(name, bf16=False, keep=None, scalar=False):
     fam, cfg = G.VARIANTS[name]
-    k = G.kernel(fam, **cfg) if fam == "ca" else G.kernel(fam, xv=True, wkind="hv" if bf16 else "v", **cfg)
+    wkind = ("h" if bf16 else "") + ("s" if scalar else "v")
+    k = G.kernel(fam, **cfg) if fam == "ca" else G.kernel(fam, xv=not scalar, wkind=wkind, **cfg)
     sig = f"(float32[:, ::1], {'uint16' if bf16 else 'float32'}[:, ::1], float32[:, ::1], int64)"
     ptx, _ = cuda.compile_ptx(k.fn, sig, cc=(9, 0))
     d = keep or tempfile.mkdtemp()
-    tag = name + ("_bf16" if bf16 else "")
+    tag = name + ("_bf16" if bf16 else "") + ("_scalar" if scalar else "")
     pp, cb = os.path.join(d, tag + ".ptx"), os.path.join(d, tag + ".cubin")
     with open(pp, "w") as f:
         f.write(ptx)
@@ -110,6 +111,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("variants", nargs="*")
     ap.add_argument("--bf16", action="store_true", help="also the bf16-weight kernels of the rp family")
+    ap.add_argument("--scalar", action="store_true", help="also the scalar-load kernels (K % 4 != 0) of the rp family")
     ap.add_argument("--keep", default=None, help="write .ptx/.cubin/.sass here")
     a = ap.parse_args()
     if a.keep:
@@ -120,7 +122,8 @@ def main():
         rows.append(analyse(n, keep=a.keep))
         if a.bf16 and G.VARIANTS[n][0] == "rp":
             rows.append(analyse(n, bf16=True, keep=a.keep))
-        r = rows[-1]
+        if a.scalar and G.VARIANTS[n][0] == "rp":
+            rows.append(analyse(n, scalar=True, keep=a.keep))
     hdr = ("variant", "thr", "smem", "regs", "spill", "instr/slice", "FFMA%", "LDS128", "int", "LDS→use min/<12/med")
     print(f"{hdr[0]:<24}{hdr[1]:>5}{hdr[2]:>8}{hdr[3]:>6}{hdr[4]:>6}{hdr[5]:>12}{hdr[6]:>7}{hdr[7]:>8}{hdr[8]:>6}  {hdr[9]}")
     for r in rows:
