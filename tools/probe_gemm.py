@@ -119,13 +119,13 @@ def main():
     ap.add_argument("--sim", action="store_true")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds (default 80, 900 under --sim); later variants are skipped past it")
+                    help="seconds (default 75, 900 under --sim); later variants are skipped past it")
     ap.add_argument("--variants", default=None, help="comma-separated subset of VARIANTS")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sim = args.sim
     if args.budget is None:
-        args.budget = 900.0 if sim else 80.0
+        args.budget = 900.0 if sim else 75.0
     reps = args.reps or (1 if sim else 10)
     shapes = SIM_SHAPES if sim else BENCH
     edges = SIM_EDGES if sim else EDGES
