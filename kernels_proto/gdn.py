@@ -3,36 +3,41 @@
 
 Shapes (as the twin): ``Qn, Kn: [R+, Hk·dk]`` (normalised, q scaled), ``V[:, vo:]: [R+, Hv·dv]``,
 ``g, beta: [R+, Hv]``, ``S: [Hv, dk, dv]`` (updated in place), ``out: [R+, Hv·dv]``,
-``cap: [R+, Hv, dk, dv]`` (state after each row, written when ``capture``). Value head h reads key
-head h // vpk.
+``cap: [R+, Hv, dk, dv]`` (the state after each row, written when ``capture``). Value head h reads
+key head h // vpk.
 
 Design (issue #15 item 3)
 -------------------------
 * A state column S[h, :, j] is split by the canonical dot slices (32 rows each, ``NSL`` of them).
-  Thread (slice s, column j) keeps its 32 rows in registers for all R rows. The ``NSL`` slices of a
-  column live in ONE warp: lane = s·CW + c (CW = 32 / NSLP columns per warp, NSLP = NSL rounded up to
-  a power of two; lanes of phantom slices s ≥ NSL compute nothing that is kept). Slice partials of
-  Sᵀk and Sᵀq are gathered with ``shfl_sync`` and added in slice order from +0 by every lane — exactly
-  ``dot_col``; no block barrier per token.
-* Everything a row needs that does not depend on the state (k, q of the key head, v of the block's
+  Thread (slice s, column j) keeps its 32 rows in registers for all R rows. The slices of a column
+  live in ONE warp: lane = s·CW + c (CW = 32 / NSLP columns per warp, NSLP = NSL rounded up to a power
+  of two; lanes of phantom slices s ≥ NSL compute nothing that is kept). The slice partials of Sᵀk
+  and Sᵀq are gathered with ``shfl_sync`` and added in slice order from +0 by every lane — exactly
+  ``dot_col`` — so no block barrier per row. A block holds ``WPB`` warps = CB = CW·WPB columns of one
+  value head; grid (Hv, ⌈dv / CB⌉).
+* Everything a row needs that does not depend on the state (k and q of the key head, v of the block's
   columns, eg = exp32(g) — the same function on the same input, so the same bits — and beta) is
   staged per chunk of ``TC`` rows in shared memory, double-buffered: the global loads of chunk n+1 are
   issued into registers when chunk n starts and stored to the other buffer when it ends, so their
   latency hides behind TC rows of work; one ``syncthreads`` per chunk.
-* Software pipelining (``PIPE``): in row t the fma chain of out[t−1] = S_{t−1}ᵀq_{t−1} and the chain of
-  Sᵀk_t (over S_{t−1}·eg_t) read the same registers and run interleaved, so the output dot is off the
-  recurrence's critical path (one 32-long chain + the gather + delta + the update per row). Without
-  ``PIPE`` out[t] is computed after the update in the same row.
-* ``PREK``: the next row's k slice is loaded from shared memory right after each element's last use in
-  the update, so the next chain does not wait for it.
+* ``mode`` — how a row's four passes over the slice (scale by eg, Sᵀk chain, update, Sᵀq chain) are
+  scheduled; all give the twin's bits:
+
+  - ``plain``: in the twin's order, row by row.
+  - ``pipe``: out[t−1] = S_{t−1}ᵀq_{t−1} is computed in row t, interleaved with row t's scale and Sᵀk
+    chain (both read S_{t−1}), so the output dot leaves the recurrence's critical path.
+  - ``fuse``: additionally the update of row t−1 (S = fma(k_{t−1}, δ_{t−1}, S)) runs element by
+    element inside row t's chain: one pass per row, four dependent ops per element, and the next
+    chain starts as soon as δ is known. Before row 0, fma(0, −0, s) = s exactly for every s.
+
+* Every array index is unsigned (Numba then emits no negative-index wraparound) and S, out and cap
+  are addressed through flat views with compile-time strides (dk, dv are baked into the kernel).
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` (no warp intrinsics there) the gather goes through a shared buffer and
 two ``syncthreads``; the arithmetic is the same.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import cuda
@@ -45,6 +50,9 @@ U = np.uint64  # array indices: unsigned, so Numba emits no negative-index wrapa
 SLICE = 32
 MAX_DK = 256
 FULL = 0xFFFFFFFF
+SMEM_MAX = 48 * 1024  # static shared memory per block
+MODES = ("fuse", "pipe", "plain")
+NEG0 = F32(-0.0)
 exp32 = B["exp32"]
 ALIGN = None if SIMULATED else 16  # the simulator refuses an alignment
 
@@ -85,45 +93,68 @@ def layout(dk):
     return nsl, nslp, 32 // nslp
 
 
+def smem_bytes(dk, wpb, tc):
+    nsl, _, cw = layout(dk)
+    rows = 2 * tc + 1  # two chunk buffers and a pad row
+    return 4 * (2 * rows * nsl * SLICE + rows * cw * wpb + 2 * rows + (2 * wpb * 32 if SIMULATED else 0))
+
+
+def auto_tc(dk, wpb, tc_max=16):
+    """The longest chunk (a power of two ≤ tc_max) whose buffers fit in 48 KB."""
+    tc = tc_max
+    while tc > 1 and smem_bytes(dk, wpb, tc) > SMEM_MAX:
+        tc //= 2
+    return tc
+
+
 _CACHE = {}
 
 
-def make_kernel(dk, wpb=4, tc=16, pipe=True, prek=True, cap=False):
-    """The kernel for key head dim ``dk`` (≤ 256): ``wpb`` warps per block, chunks of ``tc`` rows;
-    ``cap``: writes the per-row state captures (the kernel without it ignores ``capture``)."""
-    key = (dk, wpb, tc, pipe, prek, cap)
-    if key in _CACHE:
-        return _CACHE[key]
+def make_kernel(dk, dv, wpb=4, tc=None, mode="fuse", cap=False):
+    """The kernel for head dims ``dk`` (≤ 256) and ``dv``: ``wpb`` warps per block, chunks of ``tc`` rows
+    (default: the longest that fits), ``mode`` one of MODES; ``cap``: the kernel writes the per-row
+    state captures. Returns (kernel, spec)."""
     if not 1 <= dk <= MAX_DK:
         raise ValueError(f"dk={dk} not in 1..{MAX_DK}")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} not in {MODES}")
+    tc = tc or auto_tc(dk, wpb)
+    key = (dk, dv, wpb, tc, mode, cap)
+    if key in _CACHE:
+        return _CACHE[key]
+    if smem_bytes(dk, wpb, tc) > SMEM_MAX:
+        raise ValueError(f"dk={dk} wpb={wpb} tc={tc}: {smem_bytes(dk, wpb, tc)} B of shared memory > {SMEM_MAX}")
     NSL, NSLP, CW = layout(dk)
-    DK = dk
-    DKP = NSL * SLICE  # shared row length (zero-padded)
-    LAST = DK - (NSL - 1) * SLICE  # rows of the last slice
-    RAGGED = LAST != SLICE
+    DK, DV = dk, dv
+    SL = SLICE
+    DKP = NSL * SL  # shared row length (zero-padded)
+    LAST = DK - (NSL - 1) * SL  # rows of the last slice
+    RAGGED = LAST != SL
     WPB, TC = wpb, tc
     NT = 32 * WPB
     CB = CW * WPB  # columns per block
+    DVFULL = DV % CB == 0  # every column of every block is real
     RPW = (TC + WPB - 1) // WPB  # chunk rows staged per warp
     NVU = (CB + 31) // 32  # v elements per lane and row
+    CBW = CB % 32 == 0  # v rows are whole warps wide
     MKQ = RPW * NSL  # staged k (and q) elements per lane
     MV = RPW * NVU  # staged v elements per lane
-    SL = SLICE
-    PIPE, PREK, CAP = pipe, prek, cap
-    NK, NV, NE = 2 * TC * DKP, 2 * TC * CB, 2 * TC
+    TR = 2 * TC + 1  # buffered rows + a pad row ("row tt+1" read at a chunk's end lands there)
+    NK, NV = TR * DKP, TR * CB
+    FUSE, PIPE, CAP = mode == "fuse", mode == "pipe", cap
     assert TC <= NT
 
-    def kern(Qn, Kn, V, vo, g, beta, S, out, R, dv, vpk, cap, capture):
-        # shared (flat): k and q rows [2][TC][DKP], v [2][TC][CB], eg and beta [2][TC]
-        ks = cuda.shared.array(NK, np.float32, alignment=ALIGN)
-        qs = cuda.shared.array(NK, np.float32, alignment=ALIGN)
-        vs = cuda.shared.array(NV, np.float32, alignment=ALIGN)
-        es = cuda.shared.array(NE, np.float32, alignment=ALIGN)
-        bs = cuda.shared.array(NE, np.float32, alignment=ALIGN)
+    def kern(Qn, Kn, V, vo, g, beta, S1, out1, ostride, R, vpk, cap1, cstride):
+        ks = cuda.shared.array(NK, np.float32, alignment=ALIGN)  # k rows [2·TC+1][DKP]
+        qs = cuda.shared.array(NK, np.float32, alignment=ALIGN)  # q rows
+        vs = cuda.shared.array(NV, np.float32, alignment=ALIGN)  # v [2·TC+1][CB]
+        es = cuda.shared.array(TR, np.float32, alignment=ALIGN)  # exp32(g)
+        bs = cuda.shared.array(TR, np.float32, alignment=ALIGN)  # beta
         xb = cuda.shared.array((2, WPB, 32), np.float32, alignment=ALIGN)  # the simulator's gather only
         st = cuda.local.array(SL, np.float32)  # b_s: the state slice
-        kr = cuda.local.array(SL, np.float32)  # b_k: k slice of this row
-        qr = cuda.local.array(SL, np.float32)  # b_q: q slice of the previous row (PIPE) / this row
+        kc = cuda.local.array(SL, np.float32)  # b_k: k slice of this row
+        kp = cuda.local.array(SL, np.float32)  # fuse: k slice of the previous row
+        qp = cuda.local.array(SL, np.float32)  # q slice of the previous row (plain: of this row)
         rk = cuda.local.array(MKQ, np.float32)  # chunk n+1 in flight
         rq = cuda.local.array(MKQ, np.float32)
         rv = cuda.local.array(MV, np.float32)
@@ -133,52 +164,56 @@ def make_kernel(dk, wpb=4, tc=16, pipe=True, prek=True, cap=False):
         w = tid >> 5
         lane = tid & 31
         s = lane // CW
-        c = lane % CW
+        c = lane & (CW - 1)
         cl = w * CW + c
         jb = I32(cuda.blockIdx.y) * CB
         j = jb + cl
         R32 = I32(R)
-        dv32 = I32(dv)
+        rlast = R32 - 1
         ko = (h // I32(vpk)) * DK
-        vh = I32(vo) + h * dv32
-        oh = h * dv32 + j
+        vh = I32(vo) + h * DV
         real = s < NSL
-        live = real and j < dv32
+        live = real and (DVFULL or j < DV)
         i0 = (s if real else I32(0)) * SL
-        full = s < NSL - 1  # all 32 rows of the slice are real (only read when RAGGED)
-        rlast = max(R32 - 1, I32(0))
-        # 64-bit unsigned column indices of this lane's staged elements (constant offsets fold)
+        full = s < NSL - 1  # all 32 rows of the slice are real (read only when RAGGED)
+        ow = s == 0 and (DVFULL or j < DV)  # this lane writes out[:, h·dv + j]
         uk = U(ko) + U(lane)
         uv = U(vh)
-        vmax = dv32 - 1
+        sb = U(h * DK + i0) * U(DV) + U(j)  # flat index of S[h, i0, j] (= cap[0, h, i0, j])
+        oip = U(h * DV + j)  # flat index of out[0, h·dv + j]
+        cip = sb
+        ost = U(ostride)
+        cst = U(cstride)
 
         for ii in range(SL):
             st[ii] = F32(0.0)
-            kr[ii] = F32(0.0)
-            qr[ii] = F32(0.0)
+            kc[ii] = F32(0.0)
+            kp[ii] = F32(0.0)
+            qp[ii] = F32(0.0)
         if live:
             for ii in range(SL):
                 if ii < LAST or full:
-                    st[ii] = S[U(h), U(i0) + U(ii), U(j)]
+                    st[ii] = S1[sb + U(ii * DV)]
 
-        # ---- chunk 0 straight into buffer 0 (rows of a chunk round-robin over warps, lanes along a row)
+        # ---- chunk 0 straight into buffer 0 (rows round-robin over warps, lanes along a row)
         for r in range(RPW):
             tl = w + r * WPB
-            tg = U(min(tl, rlast))
-            for u in range(NSL):
-                i = lane + u * 32
-                ui = U(ko) + U(min(i, DK - 1)) if RAGGED else uk + U(u * 32)
-                x = Kn[tg, ui]
-                y = Qn[tg, ui]
-                if tl < TC:
-                    ok = tl < R32 and i < DK
+            if tl < TC:
+                tg = U(min(tl, rlast))
+                okr = tl < R32
+                for u in range(NSL):
+                    i = lane + u * 32
+                    ui = U(ko) + U(min(i, DK - 1)) if RAGGED else uk + U(u * 32)
+                    x = Kn[tg, ui]
+                    y = Qn[tg, ui]
+                    ok = okr and (i < DK or not RAGGED)
                     ks[U(tl * DKP + i)] = x if ok else F32(0.0)
                     qs[U(tl * DKP + i)] = y if ok else F32(0.0)
-            for u in range(NVU):
-                cc = lane + u * 32
-                x = V[tg, uv + U(min(jb + cc, vmax))]
-                if tl < TC and cc < CB:
-                    vs[U(tl * CB + cc)] = x if tl < R32 and jb + cc < dv32 else F32(0.0)
+                for u in range(NVU):
+                    cc = lane + u * 32
+                    if CBW or cc < CB:
+                        x = V[tg, uv + U(min(jb + cc, DV - 1))]
+                        vs[U(tl * CB + cc)] = x if okr and jb + cc < DV else F32(0.0)
         if tid < TC:
             tg = U(min(tid, rlast))
             x = exp32(g[tg, U(h)])
@@ -187,149 +222,241 @@ def make_kernel(dk, wpb=4, tc=16, pipe=True, prek=True, cap=False):
             bs[U(tid)] = y if tid < R32 else F32(0.0)
         cuda.syncthreads()
 
-        nch = (R32 + TC - 1) // TC
+        dprev = NEG0  # fuse: δ of the previous row (before row 0: fma(0, −0, s) = s exactly)
+        nch = (R32 + (TC - 1)) // TC
         for n in range(nch):
-            b = n & 1
-            t0 = n * TC
-            t1 = t0 + TC
+            b = I32(n & 1)
+            t0 = I32(n * TC)
+            t1 = I32(t0 + TC)
+            nxt = t1 < R32
             # ---- issue the loads of chunk n+1 (clamped addresses, no branches)
-            for r in range(RPW):
-                tg = U(min(t1 + w + r * WPB, rlast))
-                for u in range(NSL):
-                    ui = U(ko) + U(min(lane + u * 32, DK - 1)) if RAGGED else uk + U(u * 32)
-                    rk[r * NSL + u] = Kn[tg, ui]
-                    rq[r * NSL + u] = Qn[tg, ui]
-                for u in range(NVU):
-                    rv[r * NVU + u] = V[tg, uv + U(min(jb + lane + u * 32, vmax))]
-            tg = U(min(t1 + tid, rlast))
-            gx = g[tg, U(h)]
-            bx = beta[tg, U(h)]
+            gx = F32(0.0)
+            bx = F32(0.0)
+            if nxt:
+                for r in range(RPW):
+                    tg = U(min(t1 + w + r * WPB, rlast))
+                    for u in range(NSL):
+                        ui = U(ko) + U(min(lane + u * 32, DK - 1)) if RAGGED else uk + U(u * 32)
+                        rk[r * NSL + u] = Kn[tg, ui]
+                        rq[r * NSL + u] = Qn[tg, ui]
+                    for u in range(NVU):
+                        rv[r * NVU + u] = V[tg, uv + U(min(jb + lane + u * 32, DV - 1))]
+                tg = U(min(t1 + tid, rlast))
+                gx = g[tg, U(h)]
+                bx = beta[tg, U(h)]
 
             # ---- the rows of chunk n
-            ntok = min(TC, R32 - t0)
-            kb0 = b * (TC * DKP) + i0
-            vb0 = b * (TC * CB) + cl
-            eb0 = b * TC
-            if PREK:
+            ntok = I32(min(TC, R32 - t0))
+            kb = I32(b * (TC * DKP) + i0)
+            vb = I32(b * (TC * CB) + cl)
+            eb = I32(b * TC)
+            if FUSE:
                 for ii in range(SL):
-                    kr[ii] = ks[U(kb0 + ii)]
-            for tt in range(ntok):
-                t = t0 + tt
-                kb = kb0 + tt * DKP
-                eg = es[U(eb0 + tt)]
-                bt = bs[U(eb0 + tt)]
-                vv = vs[U(vb0 + tt * CB)]
-                if not PREK:
+                    kc[ii] = ks[U(kb + ii)]
+                eg = es[U(eb)]
+                bt = bs[U(eb)]
+                vv = vs[U(vb)]
+                for tt in range(ntok):
+                    # finish row t−1 (update, capture, Sᵀq chain) and run row t's scale and Sᵀk chain
+                    pk = F32(0.0)
+                    pq = F32(0.0)
                     for ii in range(SL):
-                        kr[ii] = ks[U(kb + ii)]
-                pk = F32(0.0)
-                pq = F32(0.0)
-                if PIPE:
+                        if ii < LAST or full:
+                            x = fma(kp[ii], dprev, st[ii])
+                            if CAP and live:
+                                cap1[cip + U(ii * DV)] = x  # row t−1 (before row 0: row 0, rewritten)
+                            pq = fma(x, qp[ii], pq)
+                            y = fmul(x, eg)
+                            st[ii] = y
+                            pk = fma(y, kc[ii], pk)
+                    for ii in range(SL):
+                        kp[ii] = ks[U(kb + ii)]
+                        qp[ii] = qs[U(kb + ii)]
+                        kc[ii] = ks[U(kb + DKP + ii)]
+                    egn = es[U(eb + 1)]
+                    btn = bs[U(eb + 1)]
+                    vvn = vs[U(vb + CB)]
+                    _xput(xb, w, lane, pk, pq)
+                    kv = F32(0.0)
+                    for s2 in range(NSL):
+                        kv = kv + _xget(xb, w, 0, pk, s2 * CW + c)
+                    o = F32(0.0)
+                    for s2 in range(NSL):
+                        o = o + _xget(xb, w, 1, pq, s2 * CW + c)
+                    _xdone(xb)
+                    if ow:
+                        out1[oip] = o  # row t−1 (before row 0: row 0, rewritten)
+                    dprev = fmul(vv - kv, bt)
+                    eg = egn
+                    bt = btn
+                    vv = vvn
+                    if t0 + tt > 0:
+                        oip += ost
+                        cip += cst
+                    kb = I32(kb + DKP)
+                    eb = I32(eb + 1)
+                    vb = I32(vb + CB)
+            elif PIPE:
+                for tt in range(ntok):
+                    eg = es[U(eb)]
+                    bt = bs[U(eb)]
+                    vv = vs[U(vb)]
+                    for ii in range(SL):
+                        kc[ii] = ks[U(kb + ii)]
+                    pk = F32(0.0)
+                    pq = F32(0.0)
                     for ii in range(SL):
                         if ii < LAST or full:
                             x = st[ii]
-                            pq = fma(x, qr[ii], pq)
+                            pq = fma(x, qp[ii], pq)
                             y = fmul(x, eg)
                             st[ii] = y
-                            pk = fma(y, kr[ii], pk)
+                            pk = fma(y, kc[ii], pk)
                     for ii in range(SL):
-                        qr[ii] = qs[U(kb + ii)]
-                else:
+                        qp[ii] = qs[U(kb + ii)]
+                    _xput(xb, w, lane, pk, pq)
+                    kv = F32(0.0)
+                    for s2 in range(NSL):
+                        kv = kv + _xget(xb, w, 0, pk, s2 * CW + c)
+                    o = F32(0.0)
+                    for s2 in range(NSL):
+                        o = o + _xget(xb, w, 1, pq, s2 * CW + c)
+                    _xdone(xb)
+                    if ow:
+                        out1[oip] = o  # row t−1 (before row 0: row 0, rewritten)
+                    delta = fmul(vv - kv, bt)
+                    for ii in range(SL):
+                        if ii < LAST or full:
+                            st[ii] = fma(kc[ii], delta, st[ii])
+                    if CAP and live:
+                        for ii in range(SL):
+                            if ii < LAST or full:
+                                cap1[cip + U(ii * DV)] = st[ii]
+                    cip += cst
+                    if t0 + tt > 0:
+                        oip += ost
+                    kb = I32(kb + DKP)
+                    eb = I32(eb + 1)
+                    vb = I32(vb + CB)
+            else:
+                for ii in range(SL):
+                    kc[ii] = ks[U(kb + ii)]
+                for tt in range(ntok):
+                    eg = es[U(eb)]
+                    bt = bs[U(eb)]
+                    vv = vs[U(vb)]
+                    pk = F32(0.0)
                     for ii in range(SL):
                         if ii < LAST or full:
                             y = fmul(st[ii], eg)
                             st[ii] = y
-                            pk = fma(y, kr[ii], pk)
-                _xput(xb, w, lane, pk, pq)
-                kv = F32(0.0)
-                for s2 in range(NSL):
-                    kv = kv + _xget(xb, w, 0, pk, s2 * CW + c)
-                o = F32(0.0)
-                if PIPE:
+                            pk = fma(y, kc[ii], pk)
+                    _xput(xb, w, lane, pk, pk)
+                    kv = F32(0.0)
                     for s2 in range(NSL):
-                        o = o + _xget(xb, w, 1, pq, s2 * CW + c)
-                _xdone(xb)
-                if PIPE and s == 0 and t > 0 and j < dv32:
-                    out[U(t - 1), U(oh)] = o
-                delta = fmul(vv - kv, bt)
-                kn = kb + DKP if tt + 1 < TC else kb
-                for ii in range(SL):
-                    if ii < LAST or full:
-                        st[ii] = fma(kr[ii], delta, st[ii])
-                    if PREK:
-                        kr[ii] = ks[U(kn + ii)]
-                if not PIPE:
+                        kv = kv + _xget(xb, w, 0, pk, s2 * CW + c)
+                    _xdone(xb)
+                    delta = fmul(vv - kv, bt)
                     for ii in range(SL):
-                        qr[ii] = qs[U(kb + ii)]
+                        qp[ii] = qs[U(kb + ii)]
+                    for ii in range(SL):
+                        if ii < LAST or full:
+                            st[ii] = fma(kc[ii], delta, st[ii])
+                        kc[ii] = ks[U(kb + DKP + ii)]
                     pq = F32(0.0)
                     for ii in range(SL):
                         if ii < LAST or full:
-                            pq = fma(st[ii], qr[ii], pq)
+                            pq = fma(st[ii], qp[ii], pq)
                     _xput(xb, w, lane, pq, pq)
                     o = F32(0.0)
                     for s2 in range(NSL):
                         o = o + _xget(xb, w, 0, pq, s2 * CW + c)
                     _xdone(xb)
-                    if s == 0 and j < dv32:
-                        out[U(t), U(oh)] = o
-                if CAP and live:
-                    for ii in range(SL):
-                        if ii < LAST or full:
-                            cap[U(t), U(h), U(i0) + U(ii), U(j)] = st[ii]
+                    if ow:
+                        out1[oip] = o
+                    oip += ost
+                    if CAP and live:
+                        for ii in range(SL):
+                            if ii < LAST or full:
+                                cap1[cip + U(ii * DV)] = st[ii]
+                    cip += cst
+                    kb = I32(kb + DKP)
+                    eb = I32(eb + 1)
+                    vb = I32(vb + CB)
 
-            # ---- chunk n+1 into the other buffer (zeros past R, past dk, past dv)
-            kb1 = (1 - b) * (TC * DKP)
-            vb1 = (1 - b) * (TC * CB)
-            for r in range(RPW):
-                tl = w + r * WPB
-                if tl < TC:
-                    okr = t1 + tl < R32
-                    for u in range(NSL):
-                        i = lane + u * 32
-                        ok = okr and i < DK
-                        ks[U(kb1 + tl * DKP + i)] = rk[r * NSL + u] if ok else F32(0.0)
-                        qs[U(kb1 + tl * DKP + i)] = rq[r * NSL + u] if ok else F32(0.0)
-                    for u in range(NVU):
-                        cc = lane + u * 32
-                        if cc < CB:
-                            ok = okr and jb + cc < dv32
-                            vs[U(vb1 + tl * CB + cc)] = rv[r * NVU + u] if ok else F32(0.0)
-            if tid < TC:
-                ok = t1 + tid < R32
-                es[U((1 - b) * TC + tid)] = exp32(gx) if ok else F32(0.0)
-                bs[U((1 - b) * TC + tid)] = bx if ok else F32(0.0)
-            cuda.syncthreads()
+            # ---- chunk n+1 into the other buffer (zeros past R, dk, dv)
+            if nxt:
+                kb1 = I32((1 - b) * (TC * DKP))
+                vb1 = I32((1 - b) * (TC * CB))
+                for r in range(RPW):
+                    tl = w + r * WPB
+                    if tl < TC:
+                        okr = t1 + tl < R32
+                        for u in range(NSL):
+                            i = lane + u * 32
+                            ok = okr and (i < DK or not RAGGED)
+                            ks[U(kb1 + tl * DKP + i)] = rk[r * NSL + u] if ok else F32(0.0)
+                            qs[U(kb1 + tl * DKP + i)] = rq[r * NSL + u] if ok else F32(0.0)
+                        for u in range(NVU):
+                            cc = lane + u * 32
+                            if CBW or cc < CB:
+                                ok = okr and jb + cc < DV
+                                vs[U(vb1 + tl * CB + cc)] = rv[r * NVU + u] if ok else F32(0.0)
+                if tid < TC:
+                    ok = t1 + tid < R32
+                    es[U((1 - b) * TC + tid)] = exp32(gx) if ok else F32(0.0)
+                    bs[U((1 - b) * TC + tid)] = bx if ok else F32(0.0)
+                cuda.syncthreads()
 
-        # ---- out of the last row, the state back
-        if PIPE:
+        # ---- finish the last row (fuse: its update; fuse and pipe: its output), the state back
+        if FUSE or PIPE:
             pq = F32(0.0)
             for ii in range(SL):
                 if ii < LAST or full:
-                    pq = fma(st[ii], qr[ii], pq)
+                    x = st[ii]
+                    if FUSE:
+                        x = fma(kp[ii], dprev, x)
+                        if CAP and live:
+                            cap1[cip + U(ii * DV)] = x
+                        st[ii] = x
+                    pq = fma(x, qp[ii], pq)
             _xput(xb, w, lane, pq, pq)
             o = F32(0.0)
             for s2 in range(NSL):
                 o = o + _xget(xb, w, 0, pq, s2 * CW + c)
             _xdone(xb)
-            if s == 0 and j < dv32 and R32 > 0:
-                out[U(R32 - 1), U(oh)] = o
+            if ow:
+                out1[oip] = o
         if live:
             for ii in range(SL):
                 if ii < LAST or full:
-                    S[U(h), U(i0) + U(ii), U(j)] = st[ii]
+                    S1[sb + U(ii * DV)] = st[ii]
 
-    kern.__name__ = f"gdn_warp_dk{dk}_w{wpb}_t{tc}{'_pipe' if pipe else ''}{'_prek' if prek else ''}{'_cap' if cap else ''}"
+    kern.__name__ = f"gdn_{mode}_dk{dk}_dv{dv}_w{wpb}_t{tc}{'_cap' if cap else ''}"
     k = cuda.jit(kern)
-    spec = dict(dk=dk, wpb=wpb, tc=tc, pipe=pipe, prek=prek, cap=cap, nsl=NSL, nslp=NSLP, cw=CW, cb=CB, nt=NT,
-                smem_bytes=4 * (2 * 2 * TC * DKP + 2 * TC * CB + 4 * TC + 2 * WPB * 32))
+    spec = dict(dk=dk, dv=dv, wpb=wpb, tc=tc, mode=mode, cap=cap, nsl=NSL, nslp=NSLP, cw=CW, cb=CB, nt=NT,
+                grid_y=(DV + CB - 1) // CB, smem_bytes=smem_bytes(dk, wpb, tc))
     _CACHE[key] = (k, spec)
     return k, spec
 
 
-def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture, wpb=4, tc=16, pipe=True,
-                   prek=True, stream=0):
-    """Same contract and arguments as the CPU twin's ``gdn_recurrence`` (plus the variant)."""
-    k, spec = make_kernel(dk, wpb, tc, pipe, prek, bool(capture))
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture, wpb=4, tc=None, mode="fuse",
+                   stream=0):
+    """Same contract and arguments as the CPU twin's ``gdn_recurrence`` (plus the variant: ``wpb``,
+    ``tc``, ``mode``; see :func:`make_kernel`). All arrays C-contiguous on the device."""
+    if R <= 0:
+        return
+    capture = bool(capture)
+    k, spec = make_kernel(dk, dv, wpb, tc, mode, capture)
     nv = S.shape[0]
-    grid = (nv, (dv + spec["cb"] - 1) // spec["cb"])
-    k[grid, spec["nt"], stream](Qn, Kn, V, vo, g, beta, S, out, R, dv, vpk, cap, capture)
+    assert S.shape == (nv, dk, dv) and out.shape[1] >= nv * dv
+    cstride = nv * dk * dv
+    if capture:
+        assert cap.shape[0] >= R and cap.shape[1:] == (nv, dk, dv)
+    capf = _flat(cap)
+    k[(nv, spec["grid_y"]), spec["nt"], stream](Qn, Kn, V, vo, g, beta, _flat(S), _flat(out), out.shape[1], R, vpk,
+                                                capf, cstride)

@@ -32,7 +32,7 @@ from numba import cuda  # noqa: E402
 _disp.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
 
 SIG_NEW = ("(float32[:, ::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], float32[:, ::1], "
-           "float32[:, :, ::1], float32[:, ::1], int64, int64, int64, float32[:, :, :, ::1], boolean)")
+           "float32[::1], float32[::1], int64, int64, int64, float32[::1], int64)")
 SIG_OLD = ("(float32[:, ::1], float32[:, ::1], float32[:, ::1], int64, float32[:, ::1], float32[:, ::1], "
            "float32[:, :, ::1], float32[:, ::1], int64, int64, int64, int64, float32[:, :, :, ::1], boolean)")
 SASS = "/usr/local/sass/cuobjdump"
@@ -111,9 +111,10 @@ def report(name, r):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dk", type=int, default=128)
+    ap.add_argument("--dv", type=int, default=128)
     ap.add_argument("--out", default="/tmp/gdn_sass")
     ap.add_argument("--old", action="store_true", help="also today's _gdn_fast_k")
-    ap.add_argument("--variant", nargs="*", default=None, help="wpb,tc,pipe,prek,cap e.g. 4,16,1,1,0")
+    ap.add_argument("--variant", nargs="*", default=None, help="mode,wpb,tc,cap e.g. fuse,4,16,0 (tc 0: auto)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     from kernels_proto import gdn
@@ -122,11 +123,11 @@ def main(argv=None):
         import numba_kernels.cuda  # noqa: F401  (cuda_gdn imports from it)
         from numba_kernels.cuda_gdn import _gdn_fast_k
         res["old"] = report("old _gdn_fast_k", compile_sass(_gdn_fast_k.py_func, SIG_OLD, a.out, "old"))
-    variants = a.variant or ["4,16,1,1,0", "4,16,1,0,0", "4,16,0,0,0", "2,16,1,1,0", "1,16,1,1,0", "4,8,1,1,0",
-                             "4,16,1,1,1"]
+    variants = a.variant or ["fuse,4,16,0", "fuse,4,16,1", "pipe,4,16,0", "plain,4,16,0", "fuse,2,16,0",
+                             "fuse,8,16,0", "fuse,4,8,0"]
     for v in variants:
-        wpb, tc, pipe, prek, cap = (int(x) for x in v.split(","))
-        k, spec = gdn.make_kernel(a.dk, wpb, tc, bool(pipe), bool(prek), bool(cap))
+        mode, wpb, tc, cap = v.split(",")
+        k, spec = gdn.make_kernel(a.dk, a.dv, int(wpb), int(tc) or None, mode, bool(int(cap)))
         name = k.py_func.__name__
         res[name] = report(name, compile_sass(k.py_func, SIG_NEW, a.out, name))
     return res
