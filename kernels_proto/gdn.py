@@ -28,7 +28,10 @@ Design (issue #15 item 3)
     chain (both read S_{t−1}), so the output dot leaves the recurrence's critical path.
   - ``fuse``: additionally the update of row t−1 (S = fma(k_{t−1}, δ_{t−1}, S)) runs element by
     element inside row t's chain: one pass per row, four dependent ops per element, and the next
-    chain starts as soon as δ is known. Before row 0, fma(0, −0, s) = s exactly for every s.
+    chain starts as soon as δ is known. Before row 0, fma(0, −0, s) = s exactly for every s. It
+    reloads k_{t−1} from shared memory (24 LDS.128 a row).
+  - ``rot`` (default): ``fuse`` with k_{t−1} and k_t rotating between two register arrays (rows in
+    pairs), so a row loads only k_{t+1} and q_t (16 LDS.128, as ``pipe``).
 
 * Every array index is unsigned (Numba then emits no negative-index wraparound) and S, out and cap
   are addressed through flat views with compile-time strides (dk, dv are baked into the kernel).
@@ -51,7 +54,7 @@ SLICE = 32
 MAX_DK = 256
 FULL = 0xFFFFFFFF
 SMEM_MAX = 48 * 1024  # static shared memory per block
-MODES = ("fuse", "pipe", "plain")
+MODES = ("rot", "fuse", "pipe", "plain")
 NEG0 = F32(-0.0)
 exp32 = B["exp32"]
 ALIGN = None if SIMULATED else 16  # the simulator refuses an alignment
@@ -99,7 +102,7 @@ def smem_bytes(dk, wpb, tc):
     return 4 * (2 * rows * nsl * SLICE + rows * cw * wpb + 2 * rows + (2 * wpb * 32 if SIMULATED else 0))
 
 
-def auto_tc(dk, wpb, tc_max=16):
+def auto_tc(dk, wpb, tc_max=8):
     """The longest chunk (a power of two ≤ tc_max) whose buffers fit in 48 KB."""
     tc = tc_max
     while tc > 1 and smem_bytes(dk, wpb, tc) > SMEM_MAX:
@@ -110,7 +113,7 @@ def auto_tc(dk, wpb, tc_max=16):
 _CACHE = {}
 
 
-def make_kernel(dk, dv, wpb=4, tc=None, mode="fuse", cap=False):
+def make_kernel(dk, dv, wpb=4, tc=None, mode="rot", cap=False):
     """The kernel for head dims ``dk`` (≤ 256) and ``dv``: ``wpb`` warps per block, chunks of ``tc`` rows
     (default: the longest that fits), ``mode`` one of MODES; ``cap``: the kernel writes the per-row
     state captures. Returns (kernel, spec)."""
@@ -141,8 +144,65 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="fuse", cap=False):
     MV = RPW * NVU  # staged v elements per lane
     TR = 2 * TC + 1  # buffered rows + a pad row ("row tt+1" read at a chunk's end lands there)
     NK, NV = TR * DKP, TR * CB
-    FUSE, PIPE, CAP = mode == "fuse", mode == "pipe", cap
-    assert TC <= NT
+    ROT, PIPE, CAP = mode == "rot", mode == "pipe", cap
+    FUSE = mode == "fuse" or ROT
+    assert TC <= NT and (TC % 2 == 0 or not ROT)
+    inline = cuda.jit(device=True, forceinline=True) if not SIMULATED else (lambda f: f)
+
+    @inline
+    def frow(st, kp, kc, qp, ks, qs, es, bs, vs, cap1, out1, xb, w, lane, c, live, full, ow,
+             dprev, eg, bt, vv, kb, eb, vb, oip, cip, ost, cst, first):
+        """rot: one row t (kp: k_{t−1}, kc: k_t; on return kp holds k_{t+1}, qp q_t)."""
+        pk = F32(0.0)
+        pq = F32(0.0)
+        for ii in range(SL):
+            if ii < LAST or full:
+                x = fma(kp[ii], dprev, st[ii])
+                if CAP and live:
+                    cap1[cip + U(ii * DV)] = x
+                pq = fma(x, qp[ii], pq)
+                y = fmul(x, eg)
+                st[ii] = y
+                pk = fma(y, kc[ii], pk)
+        for ii in range(SL):
+            qp[ii] = qs[U(kb + ii)]
+            kp[ii] = ks[U(kb + DKP + ii)]
+        egn = es[U(eb + 1)]
+        btn = bs[U(eb + 1)]
+        vvn = vs[U(vb + CB)]
+        _xput(xb, w, lane, pk, pq)
+        kv = F32(0.0)
+        for s2 in range(NSL):
+            kv = kv + _xget(xb, w, 0, pk, s2 * CW + c)
+        o = F32(0.0)
+        for s2 in range(NSL):
+            o = o + _xget(xb, w, 1, pq, s2 * CW + c)
+        _xdone(xb)
+        if ow:
+            out1[oip] = o
+        dn = fmul(vv - kv, bt)
+        if not first:
+            oip += ost
+            cip += cst
+        return dn, egn, btn, vvn, oip, cip
+
+    @inline
+    def ffinish(st, kp, qp, cap1, xb, w, lane, c, live, full, dprev, cip):
+        """fuse/rot: the last row's update (and capture); returns its Sᵀq."""
+        pq = F32(0.0)
+        for ii in range(SL):
+            if ii < LAST or full:
+                x = fma(kp[ii], dprev, st[ii])
+                if CAP and live:
+                    cap1[cip + U(ii * DV)] = x
+                st[ii] = x
+                pq = fma(x, qp[ii], pq)
+        _xput(xb, w, lane, pq, pq)
+        o = F32(0.0)
+        for s2 in range(NSL):
+            o = o + _xget(xb, w, 0, pq, s2 * CW + c)
+        _xdone(xb)
+        return o
 
     def kern(Qn, Kn, V, vo, g, beta, S1, out1, ostride, R, vpk, cap1, cstride):
         ks = cuda.shared.array(NK, np.float32, alignment=ALIGN)  # k rows [2·TC+1][DKP]
@@ -250,7 +310,31 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="fuse", cap=False):
             kb = I32(b * (TC * DKP) + i0)
             vb = I32(b * (TC * CB) + cl)
             eb = I32(b * TC)
-            if FUSE:
+            if ROT:
+                # k_{t−1} and k_t alternate between kp and kc: rows with even t use (kp, kc), odd (kc, kp)
+                for ii in range(SL):
+                    kc[ii] = ks[U(kb + ii)]
+                eg = es[U(eb)]
+                bt = bs[U(eb)]
+                vv = vs[U(vb)]
+                for pr in range(ntok >> 1):
+                    dprev, eg, bt, vv, oip, cip = frow(st, kp, kc, qp, ks, qs, es, bs, vs, cap1, out1, xb, w, lane, c,
+                                                       live, full, ow, dprev, eg, bt, vv, kb, eb, vb, oip, cip,
+                                                       ost, cst, t0 + 2 * pr == 0)
+                    kb = I32(kb + DKP)
+                    eb = I32(eb + 1)
+                    vb = I32(vb + CB)
+                    dprev, eg, bt, vv, oip, cip = frow(st, kc, kp, qp, ks, qs, es, bs, vs, cap1, out1, xb, w, lane, c,
+                                                       live, full, ow, dprev, eg, bt, vv, kb, eb, vb, oip, cip,
+                                                       ost, cst, False)
+                    kb = I32(kb + DKP)
+                    eb = I32(eb + 1)
+                    vb = I32(vb + CB)
+                if ntok & 1:
+                    dprev, eg, bt, vv, oip, cip = frow(st, kp, kc, qp, ks, qs, es, bs, vs, cap1, out1, xb, w, lane, c,
+                                                       live, full, ow, dprev, eg, bt, vv, kb, eb, vb, oip, cip,
+                                                       ost, cst, t0 + ntok - 1 == 0)
+            elif FUSE:
                 for ii in range(SL):
                     kc[ii] = ks[U(kb + ii)]
                 eg = es[U(eb)]
@@ -409,7 +493,14 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="fuse", cap=False):
                 cuda.syncthreads()
 
         # ---- finish the last row (fuse: its update; fuse and pipe: its output), the state back
-        if FUSE or PIPE:
+        if ROT:
+            if (R32 - 1) & 1:
+                o = ffinish(st, kp, qp, cap1, xb, w, lane, c, live, full, dprev, cip)  # last row odd: its k in kp
+            else:
+                o = ffinish(st, kc, qp, cap1, xb, w, lane, c, live, full, dprev, cip)
+            if ow:
+                out1[oip] = o
+        elif FUSE or PIPE:
             pq = F32(0.0)
             for ii in range(SL):
                 if ii < LAST or full:
@@ -444,7 +535,7 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture, wpb=4, tc=None, mode="fuse",
+def gdn_recurrence(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture, wpb=4, tc=None, mode="rot",
                    stream=0):
     """Same contract and arguments as the CPU twin's ``gdn_recurrence`` (plus the variant: ``wpb``,
     ``tc``, ``mode``; see :func:`make_kernel`). All arrays C-contiguous on the device."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
@@ -58,23 +59,64 @@ def compile_sass(pyfunc, sig, outdir, name):
 
 
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+HEX = re.compile(r"/\*\s*0x([0-9a-f]{16})\s*\*/")
 
 
-def parse(sass):
-    """[(addr, opcode, operands)] of the first kernel in a cuobjdump listing."""
+def parse(sass, ctrl=False):
+    """[(addr, opcode, operands)] of the first kernel in a cuobjdump listing; with ``ctrl`` a fourth
+    field: the scheduling control bits (stall, write barrier, read barrier, wait mask) decoded from the
+    high word of the 128-bit instruction (sm_70+ layout)."""
     out = []
-    for ln in sass.splitlines():
+    lines = sass.splitlines()
+    for n, ln in enumerate(lines):
         m = INSN.search(ln)
         if m:
-            out.append((int(m.group(1), 16), m.group(3), m.group(4)))
+            row = (int(m.group(1), 16), m.group(3), m.group(4))
+            if ctrl:
+                hi = HEX.search(lines[n + 1]) if n + 1 < len(lines) else None
+                c = int(hi.group(1), 16) >> 41 if hi else 0
+                row += ((c & 15, (c >> 5) & 7, (c >> 8) & 7, (c >> 11) & 63),)
+            out.append(row)
     return out
+
+
+# variable latencies (cycles) assumed for the scoreboard model; fixed-latency ops use ptxas' stall counts
+VAR_LAT = {"LDS": 30, "SHFL": 28, "LDC": 30, "LDG": 500, "LDL": 30, "S2R": 25, "S2UR": 10, "I2F": 6, "F2I": 6,
+           "MUFU": 20, "BAR": 20}
+# shared-memory/MIO return cycles per warp instruction (LDS.128 with pairwise-uniform lanes: 2)
+MIO = {"LDS.128": 2, "LDS.64": 1, "LDS": 1, "SHFL": 1, "STS": 1, "STS.128": 4}
+
+
+def model(body, rows, warps_per_sm=4):
+    """Cycles per row of the loop ``body`` (parsed with ctrl) for one warp alone on its SM sub-partition
+    (in-order issue, ptxas' stall counts, barrier waits with VAR_LAT), and the SM's shared-memory
+    return cycles per row when ``warps_per_sm`` warps run it. Runs three iterations; reports the third."""
+    t = 0
+    bar = [0] * 6
+    starts = []
+    for it in range(3):
+        starts.append(t)
+        for addr, op, args, (stall, wb, rb, wait) in body:
+            for b in range(6):
+                if wait >> b & 1:
+                    t = max(t, bar[b])
+            base = op.split(".")[0]
+            if wb != 7:
+                bar[wb] = max(bar[wb], t + VAR_LAT.get(base, 6))
+            if rb != 7:
+                bar[rb] = max(bar[rb], t + 4)
+            t += max(stall, 1)
+    starts.append(t)
+    issue = (starts[3] - starts[2]) / rows
+    mio = sum(MIO.get(op, MIO.get(op.split(".")[0], 0)) for _, op, _, _ in body) * warps_per_sm / rows
+    return issue, mio
 
 
 def hot_loop(ins):
     """The innermost loop (backward branch) whose body holds a SHFL (the row loop); else the one with
     the most FFMA/FMUL."""
     best = None
-    for k, (addr, op, args) in enumerate(ins):
+    for k, (addr, op, args, *_) in enumerate(ins):
         if op.startswith("BRA"):
             m = re.search(r"0x([0-9a-f]+)", args)
             if not m:
@@ -92,28 +134,37 @@ def hot_loop(ins):
 
 def mix(body):
     cnt = collections.Counter(op.split(".")[0] if not op.startswith(("LDG", "LDS", "STG", "STS", "LDL", "STL"))
-                              else op for _, op, _ in body)
+                              else op for _, op, *_ in body)
     return dict(cnt.most_common())
 
 
-def report(name, r):
-    ins = parse(r["sass"])
+def report(name, r, rows=1, warps_per_sm=4, ghz=1.9):
+    ins = parse(r["sass"], ctrl=True)
     body = hot_loop(ins)
     m = mix(body)
     nfp = sum(v for k, v in m.items() if k in ("FFMA", "FMUL", "FADD"))
+    cyc, mio = model(body, rows, warps_per_sm) if body else (0, 0)
+    per_row = max(cyc, mio)
     print(f"== {name}: {r['regs']} regs, stack {r['stack']} B, spills {r['spill_st']}/{r['spill_ld']} B, "
           f"smem {r['smem']} B, {len(ins)} SASS instructions")
-    print(f"   hot loop: {len(body)} instructions, {nfp} FP (FFMA/FMUL/FADD); mix {m}")
+    print(f"   row loop: {len(body) / rows:.0f} instructions/row, {nfp / rows:.0f} FP; mix/row "
+          f"{ {k: round(v / rows, 1) for k, v in m.items()} }")
+    print(f"   model: {cyc:.0f} cycles/row issue+latency (1 warp/SMSP), {mio:.0f} shared-memory cycles/row per SM "
+          f"({warps_per_sm} warps) -> {per_row:.0f} cycles = {per_row / ghz / 1e3:.3f} us/row at {ghz} GHz")
     return dict(regs=r["regs"], stack=r["stack"], spills=[r["spill_st"], r["spill_ld"]], smem=r["smem"],
-                n_sass=len(ins), loop_len=len(body), loop_fp=nfp, loop_mix=m)
+                n_sass=len(ins), loop_instructions_per_row=len(body) / rows, loop_fp_per_row=nfp / rows,
+                loop_mix=m, model_cycles_per_row=cyc, model_smem_cycles_per_row=mio,
+                predicted_us_per_row=per_row / ghz / 1e3)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dk", type=int, default=128)
     ap.add_argument("--dv", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=32, help="value heads (for warps per SM in the model)")
     ap.add_argument("--out", default="/tmp/gdn_sass")
     ap.add_argument("--old", action="store_true", help="also today's _gdn_fast_k")
+    ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--variant", nargs="*", default=None, help="mode,wpb,tc,cap e.g. fuse,4,16,0 (tc 0: auto)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -123,13 +174,18 @@ def main(argv=None):
         import numba_kernels.cuda  # noqa: F401  (cuda_gdn imports from it)
         from numba_kernels.cuda_gdn import _gdn_fast_k
         res["old"] = report("old _gdn_fast_k", compile_sass(_gdn_fast_k.py_func, SIG_OLD, a.out, "old"))
-    variants = a.variant or ["fuse,4,16,0", "fuse,4,16,1", "pipe,4,16,0", "plain,4,16,0", "fuse,2,16,0",
-                             "fuse,8,16,0", "fuse,4,8,0"]
+    variants = a.variant or ["rot,4,16,0", "rot,4,16,1", "fuse,4,16,0", "pipe,4,16,0", "pipe,4,16,1",
+                             "plain,4,16,0", "rot,2,16,0", "rot,1,16,0", "rot,4,8,0"]
     for v in variants:
         mode, wpb, tc, cap = v.split(",")
         k, spec = gdn.make_kernel(a.dk, a.dv, int(wpb), int(tc) or None, mode, bool(int(cap)))
         name = k.py_func.__name__
-        res[name] = report(name, compile_sass(k.py_func, SIG_NEW, a.out, name))
+        wsm = max(1, round(a.heads * ((a.dv + spec["cb"] - 1) // spec["cb"]) * int(wpb) / 132))
+        res[name] = report(name, compile_sass(k.py_func, SIG_NEW, a.out, name), rows=2 if mode == "rot" else 1,
+                           warps_per_sm=wsm)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
     return res
 
 
