@@ -204,6 +204,46 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="rot", cap=False):
         _xdone(xb)
         return o
 
+    @inline
+    def stage_issue(Kn, Qn, V, g, beta, rk, rq, rv, t1, rlast, w, lane, tid, h, ko, uk, uv, jb):
+        """Load rows t1 … t1+TC−1 (clamped to the last row) of k, q (key head), v (the block's columns),
+        g and beta (value head h) into registers; rows of a chunk round-robin over warps, lanes along a
+        row. Returns (g, beta) of row t1 + tid."""
+        for r in range(RPW):
+            tg = U(min(t1 + w + r * WPB, rlast))
+            for u in range(NSL):
+                ui = U(ko) + U(min(lane + u * 32, DK - 1)) if RAGGED else uk + U(u * 32)
+                rk[r * NSL + u] = Kn[tg, ui]
+                rq[r * NSL + u] = Qn[tg, ui]
+            for u in range(NVU):
+                rv[r * NVU + u] = V[tg, uv + U(min(jb + lane + u * 32, DV - 1))]
+        tg = U(min(t1 + min(tid, TC - 1), rlast))
+        return g[tg, U(h)], beta[tg, U(h)]
+
+    @inline
+    def stage_store(ks, qs, vs, es, bs, rk, rq, rv, gx, bx, buf, t1, R32, w, lane, tid, jb):
+        """Store what stage_issue loaded into chunk buffer ``buf`` (zeros past R, dk, dv; eg = exp32(g))."""
+        kb1 = buf * (TC * DKP)
+        vb1 = buf * (TC * CB)
+        for r in range(RPW):
+            tl = w + r * WPB
+            if tl < TC:
+                okr = t1 + tl < R32
+                for u in range(NSL):
+                    i = lane + u * 32
+                    ok = okr and (i < DK or not RAGGED)
+                    ks[U(kb1 + tl * DKP + i)] = rk[r * NSL + u] if ok else F32(0.0)
+                    qs[U(kb1 + tl * DKP + i)] = rq[r * NSL + u] if ok else F32(0.0)
+                for u in range(NVU):
+                    cc = lane + u * 32
+                    if CBW or cc < CB:
+                        ok = okr and jb + cc < DV
+                        vs[U(vb1 + tl * CB + cc)] = rv[r * NVU + u] if ok else F32(0.0)
+        if tid < TC:
+            ok = t1 + tid < R32
+            es[U(buf * TC + tid)] = exp32(gx) if ok else F32(0.0)
+            bs[U(buf * TC + tid)] = bx if ok else F32(0.0)
+
     def kern(Qn, Kn, V, vo, g, beta, S1, out1, ostride, R, vpk, cap1, cstride):
         ks = cuda.shared.array(NK, np.float32, alignment=ALIGN)  # k rows [2·TC+1][DKP]
         qs = cuda.shared.array(NK, np.float32, alignment=ALIGN)  # q rows
@@ -255,31 +295,9 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="rot", cap=False):
                 if ii < LAST or full:
                     st[ii] = S1[sb + U(ii * DV)]
 
-        # ---- chunk 0 straight into buffer 0 (rows round-robin over warps, lanes along a row)
-        for r in range(RPW):
-            tl = w + r * WPB
-            if tl < TC:
-                tg = U(min(tl, rlast))
-                okr = tl < R32
-                for u in range(NSL):
-                    i = lane + u * 32
-                    ui = U(ko) + U(min(i, DK - 1)) if RAGGED else uk + U(u * 32)
-                    x = Kn[tg, ui]
-                    y = Qn[tg, ui]
-                    ok = okr and (i < DK or not RAGGED)
-                    ks[U(tl * DKP + i)] = x if ok else F32(0.0)
-                    qs[U(tl * DKP + i)] = y if ok else F32(0.0)
-                for u in range(NVU):
-                    cc = lane + u * 32
-                    if CBW or cc < CB:
-                        x = V[tg, uv + U(min(jb + cc, DV - 1))]
-                        vs[U(tl * CB + cc)] = x if okr and jb + cc < DV else F32(0.0)
-        if tid < TC:
-            tg = U(min(tid, rlast))
-            x = exp32(g[tg, U(h)])
-            y = beta[tg, U(h)]
-            es[U(tid)] = x if tid < R32 else F32(0.0)
-            bs[U(tid)] = y if tid < R32 else F32(0.0)
+        # ---- chunk 0 into buffer 0 (all its loads in flight together with the state's)
+        gx, bx = stage_issue(Kn, Qn, V, g, beta, rk, rq, rv, I32(0), rlast, w, lane, tid, h, ko, uk, uv, jb)
+        stage_store(ks, qs, vs, es, bs, rk, rq, rv, gx, bx, I32(0), I32(0), R32, w, lane, tid, jb)
         cuda.syncthreads()
 
         dprev = NEG0  # fuse: δ of the previous row (before row 0: fma(0, −0, s) = s exactly)
@@ -293,17 +311,7 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="rot", cap=False):
             gx = F32(0.0)
             bx = F32(0.0)
             if nxt:
-                for r in range(RPW):
-                    tg = U(min(t1 + w + r * WPB, rlast))
-                    for u in range(NSL):
-                        ui = U(ko) + U(min(lane + u * 32, DK - 1)) if RAGGED else uk + U(u * 32)
-                        rk[r * NSL + u] = Kn[tg, ui]
-                        rq[r * NSL + u] = Qn[tg, ui]
-                    for u in range(NVU):
-                        rv[r * NVU + u] = V[tg, uv + U(min(jb + lane + u * 32, DV - 1))]
-                tg = U(min(t1 + tid, rlast))
-                gx = g[tg, U(h)]
-                bx = beta[tg, U(h)]
+                gx, bx = stage_issue(Kn, Qn, V, g, beta, rk, rq, rv, t1, rlast, w, lane, tid, h, ko, uk, uv, jb)
 
             # ---- the rows of chunk n
             ntok = I32(min(TC, R32 - t0))
@@ -468,28 +476,9 @@ def make_kernel(dk, dv, wpb=4, tc=None, mode="rot", cap=False):
                     eb = I32(eb + 1)
                     vb = I32(vb + CB)
 
-            # ---- chunk n+1 into the other buffer (zeros past R, dk, dv)
+            # ---- chunk n+1 into the other buffer
             if nxt:
-                kb1 = I32((1 - b) * (TC * DKP))
-                vb1 = I32((1 - b) * (TC * CB))
-                for r in range(RPW):
-                    tl = w + r * WPB
-                    if tl < TC:
-                        okr = t1 + tl < R32
-                        for u in range(NSL):
-                            i = lane + u * 32
-                            ok = okr and (i < DK or not RAGGED)
-                            ks[U(kb1 + tl * DKP + i)] = rk[r * NSL + u] if ok else F32(0.0)
-                            qs[U(kb1 + tl * DKP + i)] = rq[r * NSL + u] if ok else F32(0.0)
-                        for u in range(NVU):
-                            cc = lane + u * 32
-                            if CBW or cc < CB:
-                                ok = okr and jb + cc < DV
-                                vs[U(vb1 + tl * CB + cc)] = rv[r * NVU + u] if ok else F32(0.0)
-                if tid < TC:
-                    ok = t1 + tid < R32
-                    es[U((1 - b) * TC + tid)] = exp32(gx) if ok else F32(0.0)
-                    bs[U((1 - b) * TC + tid)] = bx if ok else F32(0.0)
+                stage_store(ks, qs, vs, es, bs, rk, rq, rv, gx, bx, I32(1 - b), t1, R32, w, lane, tid, jb)
                 cuda.syncthreads()
 
         # ---- finish the last row (fuse: its update; fuse and pipe: its output), the state back
