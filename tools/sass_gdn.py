@@ -174,8 +174,8 @@ def main(argv=None):
         import numba_kernels.cuda  # noqa: F401  (cuda_gdn imports from it)
         from numba_kernels.cuda_gdn import _gdn_fast_k
         res["old"] = report("old _gdn_fast_k", compile_sass(_gdn_fast_k.py_func, SIG_OLD, a.out, "old"))
-    variants = a.variant or ["rot,4,16,0", "rot,4,16,1", "fuse,4,16,0", "pipe,4,16,0", "pipe,4,16,1",
-                             "plain,4,16,0", "rot,2,16,0", "rot,1,16,0", "rot,4,8,0"]
+    variants = a.variant or ["rot,4,8,0", "rot,4,8,1", "pipe,4,8,0", "pipe,4,8,1", "rot,2,16,0", "rot,4,16,0",
+                             "rot,1,8,0", "fuse,4,8,0", "plain,4,8,0"]  # the probe's variants
     for v in variants:
         mode, wpb, tc, cap = v.split(",")
         k, spec = gdn.make_kernel(a.dk, a.dv, int(wpb), int(tc) or None, mode, bool(int(cap)))
