@@ -10,8 +10,8 @@ independent, so the twin runs on that slice), and odd shapes (dk 96 = a phantom 
 partial column block, vpk 3, chunk edges; dk 256). Then each is timed with CUDA events on the bench
 shape (Hk 16, Hv 32, dk = dv = 128, vpk 2) at T = 1, 4, 8 rows (with and without capture) and 4096,
 16384 rows. Small T: a spin kernel holds the stream while 20 launches are queued behind it (so Numba's
-Python launch cost is not timed), each launch on another of 24 state copies (48 MB: the states come
-from HBM as in a real step), median of 3. Large T: median of 3 single launches after a warm-up.
+Python launch cost is not timed), each launch on another of 40 state copies (80 MB > L2: the states
+come from HBM as in a real step), median of 3. Large T: median of 3 single launches after a warm-up.
 Writes DIR/probe_gdn.json; prints a table. A failing variant is reported in one line and skipped.
 A time budget (--budget seconds) skips the least important work when exceeded.
 """
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     else:
         HK, NV, DK, DV = 16, 32, 128, 128
         T_SMALL, T_LARGE, T_CHECK, T_SLICE = (1, 4, 8), (4096, 16384), 300, 4096
-        NROT = 24
+        NROT = 40  # 80 MB of states: more than the 60 MB L2
     VPK, KD = NV // HK, HK * DK
     VO = 2 * KD  # v columns start after q and k in the conv output, as in the engine
     rng = np.random.default_rng(0)
@@ -275,6 +275,8 @@ def main(argv=None) -> int:
             try:
                 ms, ts = time_large(name, T) if T > max(T_SMALL) else time_small(name, T, capture)
                 row = dict(variant=name, T=T, capture=capture, ms=ms, trials_ms=ts, us_per_row=1e3 * ms / T)
+                if T > max(T_SMALL):
+                    row["bench8l_prime_ms"] = 6 * ms  # 6 GDN layers of bench-8l
                 if name == OLD:
                     old_ms[(T, capture)] = ms
                 elif old_ms.get((T, capture), 0) > 0 and ms > 0:
