@@ -1,0 +1,469 @@
+"""Decode GEMV at copy speed (issue #16), fp32 or bf16 weights (issue #14), 1-8 rows, canonical order.
+
+    out[r, o] = dot(X[r, :K], W[o, :K])   for r < R ≤ RB, o < N
+    X: [≥R, K] float32 (C-contiguous); W: [N, K] float32, or uint16 bf16 bit patterns; out: [≥R, N]
+
+The order is ``exact.dot_rows``: K in slices of 32, an fma chain from +0 inside a slice, slice
+partials added left to right into an accumulator that starts at +0. Bit-identical to
+``numba_kernels.cpu.linear`` (bf16: on the widened weights; widening is exact).
+
+Layout of the work (one configuration = :class:`Cfg`):
+
+- A **warp step** is a tile of OW weight rows × SP = 32/OW consecutive slices (4 KiB of fp32,
+  2 KiB of bf16). The warp reads it with fully coalesced 128-bit loads (``LDG.E.128``: each
+  instruction reads 512 contiguous bytes), stores it into its own XOR-swizzled shared tile and
+  reads it back transposed, so that lane L holds all of slice L of the tile: lane L = (row L//SP,
+  slice L%SP). It runs the slice's fma chain for all RB rows of X at once (the weight is read
+  once per step for every row). X comes from shared memory; the SP ≤ 8 lanes' addresses fall in
+  distinct banks, and the OW lanes of a slice read the same address (broadcast).
+- A **block** is NOG × NG warps: NOG groups of OW outputs (OB = NOG·OW outputs per block), and
+  NG warps splitting each K chunk. A **chunk** is CS = NG·SP consecutive slices (KC = 32·CS
+  elements): every warp does one step per chunk. The block stages the chunk's X (RB rows) in
+  shared memory, each lane writes its RB slice partials to a shared array P[slice][row][output],
+  and after a barrier the OB·RB accumulator threads add the chunk's CS partials in slice order.
+  Chunks are visited in order, so each accumulator sees every slice partial left to right.
+- Loads are issued PF chunks ahead (registers), so 128·PF bytes (fp32) per lane are in flight
+  while the current chunk is computed. The last, partial chunk loads zeros past K; a zero term
+  fma(0, 0, p) and a +0 partial leave the sums' bits unchanged (an accumulator is never -0).
+- bf16: the same, with 64-byte slices; lane L widens its 32 weights exactly in registers
+  (``bits_to_f32(u << 16)`` / ``bits_to_f32(u & 0xFFFF0000)``).
+
+Vector loads need K % 4 == 0 (bf16: K % 8 == 0) and 16-byte aligned X and W; otherwise the
+same kernel is built with scalar, per-element guarded loads (``VEC=False``).
+
+Kernels are generated from source (full unrolling, static register names) and compiled per
+configuration; :func:`pick` chooses one from (N, K, R). Under ``NUMBA_ENABLE_CUDASIM=1`` the
+same source runs with Python fallbacks (no warp barrier there: a block barrier instead).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, types
+
+from kernels_proto.prims import SIMULATED, bits_to_f32, fma
+
+F32 = np.float32
+ZERO = F32(0.0)
+SLICE = 32
+
+# ------------------------------------------------------------------------------------------------
+# 128-bit loads and stores (GPU: LLVM vector loads; simulator: four scalar accesses)
+# ------------------------------------------------------------------------------------------------
+if not SIMULATED:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    def _vptr(context, builder, aryty, ary, idx, idxty, space, elt):
+        a = context.make_array(aryty)(context, builder, value=ary)
+        i = context.cast(builder, idx, idxty, types.intp)
+        p = builder.gep(a.data, [i])
+        vt = ir.VectorType(elt, 4)
+        return builder.bitcast(builder.addrspacecast(p, ir.PointerType(p.type.pointee, space)),
+                               ir.PointerType(vt, space))
+
+    def _make_load(space, elt_ir, elt_nb, invariant):
+        @intrinsic
+        def load4(typingctx, arr, idx):
+            sig = types.UniTuple(elt_nb, 4)(arr, idx)
+
+            def codegen(context, builder, sig, args):
+                vp = _vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], space, elt_ir)
+                v = builder.load(vp, align=16)
+                if invariant:  # read-only for the kernel's lifetime: ld.global.nc
+                    v.set_metadata("invariant.load", builder.module.add_metadata([]))
+                el = [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+                return context.make_tuple(builder, sig.return_type, el)
+
+            return sig, codegen
+
+        return load4
+
+    def _make_store(elt_ir, elt_nb):
+        @intrinsic
+        def store4(typingctx, arr, idx, a, b, c, d):
+            sig = types.void(arr, idx, a, b, c, d)
+
+            def codegen(context, builder, sig, args):
+                vp = _vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], 3, elt_ir)
+                v = ir.Constant(ir.VectorType(elt_ir, 4), ir.Undefined)
+                for k in range(4):
+                    x = context.cast(builder, args[2 + k], sig.args[2 + k], elt_nb)
+                    v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), k))
+                builder.store(v, vp, align=16)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return store4
+
+    # global (X: float32; W: float32 or uint16 → four int32 words = eight bf16)
+    ldg4f = _make_load(1, ir.FloatType(), types.float32, True)
+    ldg4i = _make_load(1, ir.IntType(32), types.int32, True)
+    lds4f = _make_load(3, ir.FloatType(), types.float32, False)
+    lds4i = _make_load(3, ir.IntType(32), types.int32, False)
+    sts4f = _make_store(ir.FloatType(), types.float32)
+    sts4i = _make_store(ir.IntType(32), types.int32)
+else:
+    def ldg4f(a, i):
+        return a[i], a[i + 1], a[i + 2], a[i + 3]
+
+    def ldg4i(a, i):  # a: uint16 bf16 bits; eight elements as four little-endian words
+        u = np.array([a[i + k] for k in range(8)], np.uint16).view(np.int32)
+        return u[0], u[1], u[2], u[3]
+
+    lds4f = lds4i = ldg4f
+
+    def sts4f(a, i, x0, x1, x2, x3):
+        a[i], a[i + 1], a[i + 2], a[i + 3] = x0, x1, x2, x3
+
+    sts4i = sts4f
+
+
+# ------------------------------------------------------------------------------------------------
+# configurations
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cfg:
+    RB: int = 1      # rows of X the kernel is built for (R ≤ RB at run time; extra rows are zeros)
+    OW: int = 4      # outputs per warp step (SP = 32 // OW slices each)
+    NOG: int = 8     # output groups (warps along N) per block
+    NG: int = 1      # warps along K per block (each chunk has NG·SP slices)
+    PF: int = 1      # chunks of weights in flight ahead of the one computed
+    BF16: bool = False
+    VEC: bool = True  # 128-bit loads (needs K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows)
+
+    @property
+    def SP(self):
+        return 32 // self.OW
+
+    @property
+    def NW(self):
+        return self.NOG * self.NG
+
+    @property
+    def NT(self):
+        return 32 * self.NW
+
+    @property
+    def OB(self):
+        return self.NOG * self.OW
+
+    @property
+    def CS(self):
+        return self.NG * self.SP
+
+    @property
+    def KC(self):
+        return self.CS * SLICE
+
+    @property
+    def NI(self):  # 16-byte units per slice = weight loads per lane per chunk
+        return 4 if self.BF16 else 8
+
+    @property
+    def SW(self):  # 32-bit words per tile slice, padded by one unit: conflict-free, linear addresses
+        return 4 * (self.NI + 1)
+
+    @property
+    def PSTR(self):  # P row stride ≡ OW (mod 32): a warp's 32 partial stores hit 32 banks
+        n = self.RB * self.OB
+        return n + (self.OW - n) % 32
+
+    @property
+    def smem_bytes(self):
+        return 4 * (self.NW * 32 * self.SW + self.RB * self.CS * 36 + self.CS * self.PSTR)
+
+    def name(self):
+        return (f"{'bf16' if self.BF16 else 'f32'}-R{self.RB}-ow{self.OW}-og{self.NOG}-ng{self.NG}"
+                f"-pf{self.PF}{'' if self.VEC else '-scalar'}")
+
+    def check(self):
+        assert self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1
+        assert self.PF in (1, 2, 3) and self.NT <= 1024
+        assert self.smem_bytes <= 48 * 1024, (self.name(), self.smem_bytes)
+
+
+# ------------------------------------------------------------------------------------------------
+# source generation
+# ------------------------------------------------------------------------------------------------
+def _source(c: Cfg) -> str:
+    RB, OW, SP, NG, NW, NT, OB, CS, KC, PSTR, PF, NI, SW = (
+        c.RB, c.OW, c.SP, c.NG, c.NW, c.NT, c.OB, c.CS, c.KC, c.PSTR, c.PF, c.NI, c.SW)
+    BF = c.BF16
+    EPQ = 8 if BF else 4          # weight elements per 16-byte unit
+    UR = SP * NI                  # units per weight row in one warp step
+    NACC = -(-(RB * OB) // NT)    # accumulators per thread
+    XQ = RB * CS * 8              # X quads per chunk
+    NXQ = -(-XQ // NT)            # ... per thread
+    ld, lds, sts = ("ldg4i", "lds4i", "sts4i") if BF else ("ldg4f", "lds4f", "sts4f")
+    zero = "I0" if BF else "ZERO"
+    sets = ["wa", "wb", "wc"][:PF]
+    L = []
+    a = L.append
+
+    a("def kern(X, XS, W, K, N, out, R):")
+    for s in sets:  # numba wants every register defined on every path
+        for i in range(NI):
+            a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
+    for m in range(NXQ):
+        a(f"    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
+    a("    tid = cuda.threadIdx.x")
+    a("    ln = tid & 31")
+    a("    w = tid >> 5")
+    a(f"    og = w // {NG}")
+    a(f"    g = w - og * {NG}")
+    a("    blk = cuda.blockIdx.x")
+    a(f"    o0w = blk * {OB} + og * {OW}")
+    a(f"    nch = (K + {KC - 1}) // {KC}")
+    al = "" if SIMULATED else ", alignment=16"  # (the simulator refuses an alignment)
+    a(f"    Ts = cuda.shared.array({NW * 32 * SW}, {'np.int32' if BF else 'np.float32'}{al})")
+    a(f"    Xs = cuda.shared.array({RB * CS * 36}, np.float32{al})")
+    a(f"    Ps = cuda.shared.array({CS * PSTR}, np.float32{al})")
+    a(f"    tb = w * {32 * SW}")
+    # weight rows: per coalesced instruction i the warp reads 32 consecutive units of the tile
+    # (row-major: OW rows × UR units); lane ln gets unit 32 i + ln = slice t, unit j
+    wsrc = []  # per i: (pointer variable, constant element offset)
+    if UR >= 32:
+        for m in range(OW):
+            a(f"    wr{m} = min(o0w + {m}, N - 1) * K + g * {SP * 32} + ln * {EPQ}")
+        a(f"    kq = g * {SP * 32} + ln * {EPQ}")
+        for i in range(NI):
+            u0 = 32 * i
+            wsrc.append((f"wr{u0 // UR}", (u0 % UR) * EPQ))
+    else:
+        rpi = 32 // UR
+        for i in range(NI):
+            a(f"    wr{i} = min(o0w + {i * rpi} + ln // {UR}, N - 1) * K + g * {SP * 32} + (ln % {UR}) * {EPQ}")
+            wsrc.append((f"wr{i}", 0))
+        a(f"    kq = g * {SP * 32} + (ln % {UR}) * {EPQ}")
+    for i in range(NI):
+        a(f"    sa{i} = tb + (({32 * i} + ln) // {NI}) * {SW} + (ln % {NI}) * 4")
+    a(f"    lw = tb + ln * {SW}")
+    a(f"    sl = g * {SP} + ln % {SP}")  # the lane's slice within the chunk
+    a("    xb = sl * 36")
+    a(f"    pa = sl * {PSTR} + og * {OW} + ln // {SP}")
+    for m in range(NXQ):  # X staging: quad e = tid + m NT = (row·CS + slice)·8 + quad
+        a(f"    xe{m} = tid + {m * NT}")
+        a(f"    xr{m} = xe{m} // {CS * 8}")
+        a(f"    xk{m} = (xe{m} % {CS * 8}) * 4")
+        a(f"    xs{m} = (xe{m} >> 3) * 36 + (xe{m} & 7) * 4")
+    for m in range(NACC):
+        a(f"    acc{m} = ZERO")
+
+    def wload(p, s, cc):
+        """Issue the W loads of chunk cc into register set s."""
+        if c.VEC:
+            a(f"{p}if ({cc} + 1) * {KC} <= K:")
+            for i in range(NI):
+                v, off = wsrc[i]
+                a(f"{p}    {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = {ld}(W, {v} + {cc} * {KC} + {off})")
+            a(f"{p}else:")
+            for i in range(NI):
+                v, off = wsrc[i]
+                a(f"{p}    if {cc} * {KC} + kq + {off} < K:")
+                a(f"{p}        {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = {ld}(W, {v} + {cc} * {KC} + {off})")
+                a(f"{p}    else:")
+                a(f"{p}        {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
+        else:  # scalar loads, every element guarded
+            for i in range(NI):
+                v, off = wsrc[i]
+                for e in range(4):
+                    if BF:
+                        a(f"{p}{s}{i}_{e} = wbits2(W, {v} + {cc} * {KC} + {off + 2 * e}, "
+                          f"{cc} * {KC} + kq + {off + 2 * e}, K)")
+                    else:
+                        a(f"{p}{s}{i}_{e} = W[{v} + {cc} * {KC} + {off + e}] "
+                          f"if {cc} * {KC} + kq + {off + e} < K else ZERO")
+
+    def xload(p, cc):
+        for m in range(NXQ):
+            guard = f"xe{m} < {XQ} and " if NXQ * NT > XQ else ""
+            kk = f"{cc} * {KC} + xk{m}"
+            if c.VEC:
+                a(f"{p}if {guard}xr{m} < R and {kk} < K:")
+                a(f"{p}    y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldg4f(X, xr{m} * XS + {kk})")
+                a(f"{p}else:")
+                a(f"{p}    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
+            else:
+                for e in range(4):
+                    a(f"{p}y{m}_{e} = X[xr{m} * XS + {kk} + {e}] if {guard}xr{m} < R and {kk} + {e} < K "
+                      f"else ZERO")
+
+    def xstore(p):
+        for m in range(NXQ):
+            if NXQ * NT > XQ:
+                a(f"{p}if xe{m} < {XQ}:")
+                a(f"{p}    sts4f(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
+            else:
+                a(f"{p}sts4f(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
+
+    def body(p, s, cc):
+        for i in range(NI):
+            a(f"{p}{sts}(Ts, sa{i}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
+        a(f"{p}syncwarp()")
+        a(f"{p}if {cc} + {PF} < nch:")
+        wload(p + "    ", s, f"({cc} + {PF})")
+        for r in range(RB):
+            a(f"{p}p{r} = ZERO")
+        for j in range(NI):
+            a(f"{p}u0, u1, u2, u3 = {lds}(Ts, lw + {4 * j})")
+            if BF:
+                ws = []
+                for m in range(4):
+                    a(f"{p}v{2 * m} = bits_to_f32(u{m} << 16)")
+                    a(f"{p}v{2 * m + 1} = bits_to_f32(u{m} & -65536)")
+                    ws += [f"v{2 * m}", f"v{2 * m + 1}"]
+                quads = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
+            else:
+                quads = [(j, ["u0", "u1", "u2", "u3"])]
+            for q, wq in quads:
+                for r in range(RB):
+                    a(f"{p}z0, z1, z2, z3 = lds4f(Xs, xb + {r * CS * 36 + 4 * q})")
+                    for e in range(4):
+                        a(f"{p}p{r} = fma(z{e}, {wq[e]}, p{r})")
+        for r in range(RB):
+            a(f"{p}Ps[pa + {r * OB}] = p{r}")
+        a(f"{p}cuda.syncthreads()")
+        a(f"{p}if {cc} + 1 < nch:")
+        xstore(p + "    ")
+        a(f"{p}    if {cc} + 2 < nch:")
+        xload(p + "        ", f"({cc} + 2)")
+        for m in range(NACC):
+            guard = f"tid + {m * NT} < {RB * OB}" if (m + 1) * NT > RB * OB else "True"
+            a(f"{p}if {guard}:")
+            for sidx in range(CS):
+                a(f"{p}    acc{m} = acc{m} + Ps[{sidx * PSTR + m * NT} + tid]")
+        a(f"{p}cuda.syncthreads()")
+
+    # prologue: weight chunks 0..PF-1 in flight, X chunk 0 staged, X chunk 1 in registers
+    for k, s in enumerate(sets):
+        a(f"    if {k} < nch:")
+        wload("        ", s, f"{k}")
+    a("    if 0 < nch:")
+    xload("        ", "0")
+    xstore("        ")
+    a("        if 1 < nch:")
+    xload("            ", "1")
+    a("    cuda.syncthreads()")
+    a("    c = 0")
+    a("    while c < nch:")
+    for k, s in enumerate(sets):
+        if k == 0:
+            body("        ", s, "c")
+        else:
+            a(f"        if c + {k} < nch:")
+            body("            ", s, f"(c + {k})")
+    a(f"        c += {PF}")
+    for m in range(NACC):
+        a(f"    e = tid + {m * NT}")
+        a(f"    r = e // {OB}")
+        a(f"    o = blk * {OB} + e % {OB}")
+        a(f"    if e < {RB * OB} and r < R and o < N:")
+        a(f"        out[r, o] = acc{m}")
+    return "\n".join(L) + "\n"
+
+
+_PRELUDE_SIM = '''
+def syncwarp():
+    cuda.syncthreads()   # the simulator has no warp barrier; a block barrier is a stronger one
+'''
+_PRELUDE_GPU = '''
+@cuda.jit(device=True, inline=True)
+def syncwarp():
+    cuda.syncwarp(0xFFFFFFFF)
+'''
+_PRELUDE_BF = '''
+def wbits2(W, i, k, K):
+    lo = np.int32(W[i]) if k < K else np.int32(0)
+    hi = np.int32(W[i + 1]) if k + 1 < K else np.int32(0)
+    return np.int32(lo | (hi << 16))
+'''
+
+_KERNELS: dict = {}
+
+
+def source(c: Cfg) -> str:
+    pre = _PRELUDE_SIM if SIMULATED else _PRELUDE_GPU
+    return pre + (_PRELUDE_BF if c.BF16 else "") + _source(c)
+
+
+def kernel(c: Cfg):
+    """The compiled (lazily, per signature) kernel for configuration ``c``."""
+    k = _KERNELS.get(c)
+    if k is None:
+        c.check()
+        ns = {"cuda": cuda, "np": np, "ZERO": ZERO, "I0": np.int32(0), "fma": fma, "bits_to_f32": bits_to_f32,
+              "ldg4f": ldg4f, "ldg4i": ldg4i, "lds4f": lds4f, "lds4i": lds4i, "sts4f": sts4f,
+              "sts4i": sts4i, "__name__": __name__}
+        src = source(c)
+        code = compile(src, f"<gemv {c.name()}>", "exec")
+        exec(code, ns)
+        if not SIMULATED and c.BF16:
+            ns["wbits2"] = cuda.jit(device=True, inline=True)(ns["wbits2"])
+        k = _KERNELS[c] = cuda.jit(ns["kern"])
+        k._gemv_source = src
+    return k
+
+
+def signature(c: Cfg) -> str:
+    w = "uint16" if c.BF16 else "float32"
+    return f"(float32[::1], int64, {w}[::1], int64, int64, float32[:, ::1], int64)"
+
+
+# ------------------------------------------------------------------------------------------------
+# dispatch and launch
+# ------------------------------------------------------------------------------------------------
+ROW_BUCKETS = (1, 2, 4, 8)
+
+
+def bucket(R: int) -> int:
+    for b in ROW_BUCKETS:
+        if R <= b:
+            return b
+    raise ValueError(f"gemv serves at most {ROW_BUCKETS[-1]} rows, got {R}")
+
+
+def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
+    """The default configuration for an (N, K, R) GEMV: enough warps to cover the GPU for small N
+    (split each chunk's K over NG warps), output groups sharing each X chunk for large N."""
+    RB = bucket(R)
+    if N >= 8192:
+        c = Cfg(RB=RB, OW=4, NOG=8, NG=1, PF=2 if RB <= 4 else 1, BF16=bf16, VEC=vec)
+    else:
+        c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2, BF16=bf16, VEC=vec)
+    if c.smem_bytes > 48 * 1024:
+        c = Cfg(RB=RB, OW=8, NOG=1, NG=2, PF=c.PF, BF16=bf16, VEC=vec)
+    return c
+
+
+def vec_ok(X, W, K: int, bf16: bool) -> bool:
+    def addr(a):
+        return a.__cuda_array_interface__["data"][0] if hasattr(a, "__cuda_array_interface__") else \
+            a.ctypes.data
+    q = 8 if bf16 else 4
+    try:
+        return K % q == 0 and X.shape[1] % 4 == 0 and addr(X) % 16 == 0 and addr(W) % 16 == 0
+    except Exception:  # noqa: BLE001 (simulator arrays: alignment is numpy's)
+        return K % q == 0 and X.shape[1] % 4 == 0
+
+
+def launch(X, W, out, R: int, cfg: Cfg | None = None, stream=0):
+    """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R (1 ≤ R ≤ 8), canonical order.
+    X: [≥R, ≥K] float32 C-contiguous; W: [N, K] float32 or uint16 (bf16 bits); out: [≥R, N]."""
+    N, K = W.shape
+    bf16 = W.dtype == np.uint16
+    if cfg is None:
+        cfg = pick(N, K, R, bf16, vec_ok(X, W, K, bf16))
+    assert cfg.BF16 == bf16 and R <= cfg.RB
+    if N == 0 or R == 0:
+        return cfg
+    k = kernel(cfg)
+    grid = (N + cfg.OB - 1) // cfg.OB
+    Xf = X.reshape(X.shape[0] * X.shape[1])
+    Wf = W.reshape(N * K)
+    k[grid, cfg.NT, stream](Xf, X.shape[1], Wf, K, N, out, R)
+    return cfg
