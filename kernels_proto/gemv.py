@@ -100,6 +100,41 @@ if not SIMULATED:
 
         return store4
 
+    def _make_sload1():
+        @intrinsic
+        def load1(typingctx, arr, idx):
+            sig = types.float32(arr, idx)
+
+            def codegen(context, builder, sig, args):
+                a = context.make_array(sig.args[0])(context, builder, value=args[0])
+                i = context.cast(builder, args[1], sig.args[1], types.intp)
+                p = builder.gep(a.data, [i])
+                return builder.load(builder.addrspacecast(p, ir.PointerType(p.type.pointee, 3)), align=4)
+
+            return sig, codegen
+
+        return load1
+
+    def _make_sstore1():
+        @intrinsic
+        def store1(typingctx, arr, idx, v):
+            sig = types.void(arr, idx, v)
+
+            def codegen(context, builder, sig, args):
+                a = context.make_array(sig.args[0])(context, builder, value=args[0])
+                i = context.cast(builder, args[1], sig.args[1], types.intp)
+                p = builder.gep(a.data, [i])
+                x = context.cast(builder, args[2], sig.args[2], types.float32)
+                builder.store(x, builder.addrspacecast(p, ir.PointerType(p.type.pointee, 3)), align=4)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return store1
+
+    # shared scalars without numba's negative-index wraparound (an index is never negative here)
+    lds1f = _make_sload1()
+    sts1f = _make_sstore1()
     # global (X: float32; W: float32 or uint16 → four int32 words = eight bf16)
     ldg4f = _make_load(1, ir.FloatType(), types.float32, True)
     ldg4i = _make_load(1, ir.IntType(32), types.int32, True)
@@ -116,6 +151,12 @@ else:
         return u[0], u[1], u[2], u[3]
 
     lds4f = lds4i = ldg4f
+
+    def lds1f(a, i):
+        return a[i]
+
+    def sts1f(a, i, v):
+        a[i] = v
 
     def sts4f(a, i, x0, x1, x2, x3):
         a[i], a[i + 1], a[i + 2], a[i + 3] = x0, x1, x2, x3
@@ -135,6 +176,7 @@ class Cfg:
     PF: int = 1      # chunks of weights in flight ahead of the one computed
     BF16: bool = False
     VEC: bool = True  # 128-bit loads (needs K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows)
+    HOT: bool = False  # static analysis only: omit the partial-chunk path (wrong unless KC | K)
 
     @property
     def SP(self):
@@ -179,7 +221,7 @@ class Cfg:
 
     def name(self):
         return (f"{'bf16' if self.BF16 else 'f32'}-R{self.RB}-ow{self.OW}-og{self.NOG}-ng{self.NG}"
-                f"-pf{self.PF}{'' if self.VEC else '-scalar'}")
+                f"-pf{self.PF}{'' if self.VEC else '-scalar'}{'-hot' if self.HOT else ''}")
 
     def check(self):
         assert self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1
@@ -190,6 +232,73 @@ class Cfg:
 # ------------------------------------------------------------------------------------------------
 # source generation
 # ------------------------------------------------------------------------------------------------
+# The kernel is generated as Python source: full unrolling with static register names keeps the
+# weights, partials and addresses in registers. The repeated pieces are force-inlined device
+# functions (typed once by numba, inlined by NVVM), which keeps numba's compile time down.
+def _devices(c: Cfg) -> str:
+    RB, CS, NI, BF, OB, NT, PSTR = c.RB, c.CS, c.NI, c.BF16, c.OB, c.NT, c.PSTR
+    ld, lds = ("ldg4i", "lds4i") if BF else ("ldg4f", "lds4f")
+    zero = "I0" if BF else "ZERO"
+    # On the GPU the chains call cuda.fma directly: the operands are float32 already, and
+    # prims.fma's float32 casts only cost numba typing time (the same fma.rn.f32 either way).
+    FMA = "fma" if SIMULATED else "cuda.fma"
+    L = []
+    a = L.append
+    # guarded 16-byte weight load: zeros past K (kk: the unit's first column)
+    a("def ldwf(W, i):")
+    a(f"    return {ld}(W, i)")
+    a("def ldw(W, i, kk, K):")
+    a("    if kk < K:")
+    a(f"        return {ld}(W, i)")
+    a(f"    return {zero}, {zero}, {zero}, {zero}")
+    a("def ldx(X, i, ok):")
+    a("    if ok:")
+    a("        return ldg4f(X, i)")
+    a("    return ZERO, ZERO, ZERO, ZERO")
+    if not c.VEC:
+        a("def ldw(W, i, kk, K):")  # scalar: every element guarded
+        if BF:
+            for e in range(4):
+                a(f"    lo{e} = np.int32(W[i + {2 * e}]) if kk + {2 * e} < K else I0")
+                a(f"    hi{e} = np.int32(W[i + {2 * e + 1}]) if kk + {2 * e + 1} < K else I0")
+            a("    return (" + ", ".join(f"np.int32(lo{e} | (hi{e} << 16))" for e in range(4)) + ")")
+        else:
+            for e in range(4):
+                a(f"    w{e} = W[i + {e}] if kk + {e} < K else ZERO")
+            a("    return w0, w1, w2, w3")
+        a("def ldxs(X, i, ok, kk, K):")
+        for e in range(4):
+            a(f"    x{e} = X[i + {e}] if ok and kk + {e} < K else ZERO")
+        a("    return x0, x1, x2, x3")
+    # the lane's slice: RB fma chains from +0 over its 32 weights (shared tile, row lw)
+    a("def dot(Ts, lw, Xs, xb):")
+    for r in range(RB):
+        a(f"    p{r} = ZERO")
+    for j in range(NI):
+        a(f"    u0, u1, u2, u3 = {lds}(Ts, lw + {4 * j})")
+        if BF:
+            ws = []
+            for m in range(4):
+                a(f"    v{2 * m} = bits_to_f32(u{m} << 16)")
+                a(f"    v{2 * m + 1} = bits_to_f32(u{m} & -65536)")
+                ws += [f"v{2 * m}", f"v{2 * m + 1}"]
+            quads = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
+        else:
+            quads = [(j, ["u0", "u1", "u2", "u3"])]
+        for q, wq in quads:
+            for r in range(RB):
+                a(f"    z0, z1, z2, z3 = lds4f(Xs, xb + {r * CS * 36 + 4 * q})")
+                for e in range(4):
+                    a(f"    p{r} = {FMA}(z{e}, {wq[e]}, p{r})")
+    a("    return (" + ", ".join(f"p{r}" for r in range(RB)) + ",)")
+    # the chunk's CS slice partials of one accumulator, added in slice order
+    a("def merge(Ps, i, acc):")
+    for sidx in range(CS):
+        a(f"    acc = acc + lds1f(Ps, i + {sidx * PSTR})")
+    a("    return acc")
+    return "\n".join(L) + "\n"
+
+
 def _source(c: Cfg) -> str:
     RB, OW, SP, NG, NW, NT, OB, CS, KC, PSTR, PF, NI, SW = (
         c.RB, c.OW, c.SP, c.NG, c.NW, c.NT, c.OB, c.CS, c.KC, c.PSTR, c.PF, c.NI, c.SW)
@@ -199,7 +308,7 @@ def _source(c: Cfg) -> str:
     NACC = -(-(RB * OB) // NT)    # accumulators per thread
     XQ = RB * CS * 8              # X quads per chunk
     NXQ = -(-XQ // NT)            # ... per thread
-    ld, lds, sts = ("ldg4i", "lds4i", "sts4i") if BF else ("ldg4f", "lds4f", "sts4f")
+    sts = "sts4i" if BF else "sts4f"
     zero = "I0" if BF else "ZERO"
     sets = ["wa", "wb", "wc"][:PF]
     L = []
@@ -225,7 +334,7 @@ def _source(c: Cfg) -> str:
     a(f"    Ps = cuda.shared.array({CS * PSTR}, np.float32{al})")
     a(f"    tb = w * {32 * SW}")
     # weight rows: per coalesced instruction i the warp reads 32 consecutive units of the tile
-    # (row-major: OW rows × UR units); lane ln gets unit 32 i + ln = slice t, unit j
+    # (row-major: OW rows × UR units); lane ln gets unit 32 i + ln = slice (32 i + ln) // NI
     wsrc = []  # per i: (pointer variable, constant element offset)
     if UR >= 32:
         for m in range(OW):
@@ -256,42 +365,32 @@ def _source(c: Cfg) -> str:
 
     def wload(p, s, cc):
         """Issue the W loads of chunk cc into register set s."""
-        if c.VEC:
-            a(f"{p}if ({cc} + 1) * {KC} <= K:")
+        a(f"{p}kc = {cc} * {KC}")
+        if c.HOT:
             for i in range(NI):
                 v, off = wsrc[i]
-                a(f"{p}    {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = {ld}(W, {v} + {cc} * {KC} + {off})")
+                a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldwf(W, {v} + kc + {off})")
+            return
+        if c.VEC:  # full chunks (all but the last, usually all) load without guards
+            a(f"{p}if kc + {KC} <= K:")
+            for i in range(NI):
+                v, off = wsrc[i]
+                a(f"{p}    {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldwf(W, {v} + kc + {off})")
             a(f"{p}else:")
-            for i in range(NI):
-                v, off = wsrc[i]
-                a(f"{p}    if {cc} * {KC} + kq + {off} < K:")
-                a(f"{p}        {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = {ld}(W, {v} + {cc} * {KC} + {off})")
-                a(f"{p}    else:")
-                a(f"{p}        {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
-        else:  # scalar loads, every element guarded
-            for i in range(NI):
-                v, off = wsrc[i]
-                for e in range(4):
-                    if BF:
-                        a(f"{p}{s}{i}_{e} = wbits2(W, {v} + {cc} * {KC} + {off + 2 * e}, "
-                          f"{cc} * {KC} + kq + {off + 2 * e}, K)")
-                    else:
-                        a(f"{p}{s}{i}_{e} = W[{v} + {cc} * {KC} + {off + e}] "
-                          f"if {cc} * {KC} + kq + {off + e} < K else ZERO")
+            p = p + "    "
+        for i in range(NI):
+            v, off = wsrc[i]
+            a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K)")
 
     def xload(p, cc):
+        a(f"{p}kc = {cc} * {KC}")
         for m in range(NXQ):
-            guard = f"xe{m} < {XQ} and " if NXQ * NT > XQ else ""
-            kk = f"{cc} * {KC} + xk{m}"
+            ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R and kc + xk{m} < K"
             if c.VEC:
-                a(f"{p}if {guard}xr{m} < R and {kk} < K:")
-                a(f"{p}    y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldg4f(X, xr{m} * XS + {kk})")
-                a(f"{p}else:")
-                a(f"{p}    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldx(X, xr{m} * XS + kc + xk{m}, {ok})")
             else:
-                for e in range(4):
-                    a(f"{p}y{m}_{e} = X[xr{m} * XS + {kk} + {e}] if {guard}xr{m} < R and {kk} + {e} < K "
-                      f"else ZERO")
+                ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R"
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldxs(X, xr{m} * XS + kc + xk{m}, {ok}, kc + xk{m}, K)")
 
     def xstore(p):
         for m in range(NXQ):
@@ -307,36 +406,20 @@ def _source(c: Cfg) -> str:
         a(f"{p}syncwarp()")
         a(f"{p}if {cc} + {PF} < nch:")
         wload(p + "    ", s, f"({cc} + {PF})")
+        a(f"{p}" + ", ".join(f"p{r}" for r in range(RB)) + ", = dot(Ts, lw, Xs, xb)")
         for r in range(RB):
-            a(f"{p}p{r} = ZERO")
-        for j in range(NI):
-            a(f"{p}u0, u1, u2, u3 = {lds}(Ts, lw + {4 * j})")
-            if BF:
-                ws = []
-                for m in range(4):
-                    a(f"{p}v{2 * m} = bits_to_f32(u{m} << 16)")
-                    a(f"{p}v{2 * m + 1} = bits_to_f32(u{m} & -65536)")
-                    ws += [f"v{2 * m}", f"v{2 * m + 1}"]
-                quads = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
-            else:
-                quads = [(j, ["u0", "u1", "u2", "u3"])]
-            for q, wq in quads:
-                for r in range(RB):
-                    a(f"{p}z0, z1, z2, z3 = lds4f(Xs, xb + {r * CS * 36 + 4 * q})")
-                    for e in range(4):
-                        a(f"{p}p{r} = fma(z{e}, {wq[e]}, p{r})")
-        for r in range(RB):
-            a(f"{p}Ps[pa + {r * OB}] = p{r}")
+            a(f"{p}sts1f(Ps, pa + {r * OB}, p{r})")
         a(f"{p}cuda.syncthreads()")
         a(f"{p}if {cc} + 1 < nch:")
         xstore(p + "    ")
         a(f"{p}    if {cc} + 2 < nch:")
         xload(p + "        ", f"({cc} + 2)")
         for m in range(NACC):
-            guard = f"tid + {m * NT} < {RB * OB}" if (m + 1) * NT > RB * OB else "True"
-            a(f"{p}if {guard}:")
-            for sidx in range(CS):
-                a(f"{p}    acc{m} = acc{m} + Ps[{sidx * PSTR + m * NT} + tid]")
+            if (m + 1) * NT > RB * OB:
+                a(f"{p}if tid + {m * NT} < {RB * OB}:")
+                a(f"{p}    acc{m} = merge(Ps, tid + {m * NT}, acc{m})")
+            else:
+                a(f"{p}acc{m} = merge(Ps, tid + {m * NT}, acc{m})")
         a(f"{p}cuda.syncthreads()")
 
     # prologue: weight chunks 0..PF-1 in flight, X chunk 0 staged, X chunk 1 in registers
@@ -367,28 +450,21 @@ def _source(c: Cfg) -> str:
     return "\n".join(L) + "\n"
 
 
-_PRELUDE_SIM = '''
+_PRELUDE_SIM = """
 def syncwarp():
     cuda.syncthreads()   # the simulator has no warp barrier; a block barrier is a stronger one
-'''
-_PRELUDE_GPU = '''
-@cuda.jit(device=True, inline=True)
+"""
+_PRELUDE_GPU = """
 def syncwarp():
     cuda.syncwarp(0xFFFFFFFF)
-'''
-_PRELUDE_BF = '''
-def wbits2(W, i, k, K):
-    lo = np.int32(W[i]) if k < K else np.int32(0)
-    hi = np.int32(W[i + 1]) if k + 1 < K else np.int32(0)
-    return np.int32(lo | (hi << 16))
-'''
+"""
+_DEVICE_FNS = ("syncwarp", "ldwf", "ldw", "ldx", "ldxs", "dot", "merge")
 
 _KERNELS: dict = {}
 
 
 def source(c: Cfg) -> str:
-    pre = _PRELUDE_SIM if SIMULATED else _PRELUDE_GPU
-    return pre + (_PRELUDE_BF if c.BF16 else "") + _source(c)
+    return (_PRELUDE_SIM if SIMULATED else _PRELUDE_GPU) + _devices(c) + _source(c)
 
 
 def kernel(c: Cfg):
@@ -398,12 +474,13 @@ def kernel(c: Cfg):
         c.check()
         ns = {"cuda": cuda, "np": np, "ZERO": ZERO, "I0": np.int32(0), "fma": fma, "bits_to_f32": bits_to_f32,
               "ldg4f": ldg4f, "ldg4i": ldg4i, "lds4f": lds4f, "lds4i": lds4i, "sts4f": sts4f,
-              "sts4i": sts4i, "__name__": __name__}
+              "sts4i": sts4i, "lds1f": lds1f, "sts1f": sts1f, "__name__": __name__}
         src = source(c)
-        code = compile(src, f"<gemv {c.name()}>", "exec")
-        exec(code, ns)
-        if not SIMULATED and c.BF16:
-            ns["wbits2"] = cuda.jit(device=True, inline=True)(ns["wbits2"])
+        exec(compile(src, f"<gemv {c.name()}>", "exec"), ns)
+        if not SIMULATED:
+            for f in _DEVICE_FNS:
+                if f in ns:
+                    ns[f] = cuda.jit(device=True, forceinline=True)(ns[f])
         k = _KERNELS[c] = cuda.jit(ns["kern"])
         k._gemv_source = src
     return k

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -42,7 +43,7 @@ CUOBJDUMP = os.environ.get("CUOBJDUMP", "/usr/local/sass/cuobjdump")
 CONFIGS = {
     "big-R1": G.Cfg(RB=1, OW=4, NOG=8, NG=1, PF=2),
     "big-R4": G.Cfg(RB=4, OW=4, NOG=8, NG=1, PF=2),
-    "big-R8": G.Cfg(RB=8, OW=4, NOG=8, NG=1, PF=1),
+    "big-R8": G.Cfg(RB=8, OW=4, NOG=4, NG=1, PF=1),
     "small-R1": G.Cfg(RB=1, OW=8, NOG=1, NG=4, PF=2),
     "small-R8": G.Cfg(RB=8, OW=8, NOG=1, NG=4, PF=2),
     "bf16-big-R1": G.Cfg(RB=1, OW=4, NOG=8, NG=1, PF=2, BF16=True),
@@ -121,6 +122,17 @@ def summary(c: G.Cfg, res):
     return ins, loop, cnt, tot
 
 
+def occupancy(c: G.Cfg, regs: int, smem: int):
+    """Blocks per SM on an H100/H200 (65536 registers, 228 KiB shared, 2048 threads, 32 blocks)
+    and the weight bytes in flight per SM (PF chunks of 16·NI bytes per lane)."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = (65536 // per_warp) // c.NW
+    by_smem = 233472 // (smem + 1024)
+    by_thr = 2048 // c.NT
+    b = min(by_regs, by_smem, by_thr, 32)
+    return b, b * c.NT * 16 * c.NI * c.PF
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cfg", nargs="*", default=list(CONFIGS))
@@ -129,10 +141,13 @@ def main(argv=None):
     for name in args.cfg:
         c = CONFIGS[name] if name in CONFIGS else eval("G.Cfg(" + name + ")")  # noqa: S307
         res = compile_cfg(c, args.dump)
-        ins, loop, cnt, tot = summary(c, res)
+        hot = compile_cfg(dataclasses.replace(c, HOT=True), args.dump)
+        ins, loop, cnt, tot = summary(c, hot)
         print(f"== {name}: {c.name()}  regs={res['regs']} stack={res['stack']} spill={res['spill_st']}/"
-              f"{res['spill_ld']} smem={res['smem']} (model {c.smem_bytes})  kernel={len(ins)} instr, "
-              f"loop={len(loop)} instr")
+              f"{res['spill_ld']} smem={res['smem']} (model {c.smem_bytes}); hot path (no partial chunk): "
+              f"regs={hot['regs']} kernel={len(ins)} instr, loop={len(loop)} instr")
+        b, fl = occupancy(c, res["regs"], res["smem"])
+        print(f"   occupancy: {b} blocks/SM = {b * c.NW} warps/SM; weight bytes in flight/SM = {fl // 1024} KiB")
         ffma = cnt.get("FFMA", 0)
         useful = 32 * c.RB * c.PF
         print(f"   loop: FFMA={ffma} (useful {useful} per iteration of {c.PF} chunk(s)); "
