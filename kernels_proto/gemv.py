@@ -39,6 +39,7 @@ same source runs with Python fallbacks (no warp barrier there: a block barrier i
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,6 +175,7 @@ class Cfg:
     NOG: int = 8     # output groups (warps along N) per block
     NG: int = 1      # warps along K per block (each chunk has NG·SP slices)
     PF: int = 1      # chunks of weights in flight ahead of the one computed
+    MO: int = 1      # tile slices per lane: MO output rows share each X load (MO·OW rows per warp)
     BF16: bool = False
     VEC: bool = True  # 128-bit loads (needs K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows)
     HOT: bool = False  # static analysis only: omit the partial-chunk path (wrong unless KC | K)
@@ -192,7 +194,7 @@ class Cfg:
 
     @property
     def OB(self):
-        return self.NOG * self.OW
+        return self.NOG * self.OW * self.MO
 
     @property
     def CS(self):
@@ -217,15 +219,15 @@ class Cfg:
 
     @property
     def smem_bytes(self):
-        return 4 * (self.NW * 32 * self.SW + self.RB * self.CS * 36 + self.CS * self.PSTR)
+        return 4 * (self.NW * 32 * self.MO * self.SW + self.RB * self.CS * 36 + self.CS * self.PSTR)
 
     def name(self):
         return (f"{'bf16' if self.BF16 else 'f32'}-R{self.RB}-ow{self.OW}-og{self.NOG}-ng{self.NG}"
-                f"-pf{self.PF}{'' if self.VEC else '-scalar'}{'-hot' if self.HOT else ''}")
+                f"-pf{self.PF}{'-mo%d' % self.MO if self.MO > 1 else ''}{'' if self.VEC else '-scalar'}{'-hot' if self.HOT else ''}")
 
     def check(self):
         assert self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1
-        assert self.PF in (1, 2, 3) and self.NT <= 1024
+        assert self.PF in (1, 2, 3) and self.MO in (1, 2) and self.NT <= 1024
         assert self.smem_bytes <= 48 * 1024, (self.name(), self.smem_bytes)
 
 
@@ -236,7 +238,7 @@ class Cfg:
 # weights, partials and addresses in registers. The repeated pieces are force-inlined device
 # functions (typed once by numba, inlined by NVVM), which keeps numba's compile time down.
 def _devices(c: Cfg) -> str:
-    RB, CS, NI, BF, OB, NT, PSTR = c.RB, c.CS, c.NI, c.BF16, c.OB, c.NT, c.PSTR
+    RB, CS, NI, BF, OB, NT, PSTR, MO, SW = c.RB, c.CS, c.NI, c.BF16, c.OB, c.NT, c.PSTR, c.MO, c.SW
     ld, lds = ("ldg4i", "lds4i") if BF else ("ldg4f", "lds4f")
     zero = "I0" if BF else "ZERO"
     # On the GPU the chains call cuda.fma directly: the operands are float32 already, and
@@ -270,27 +272,33 @@ def _devices(c: Cfg) -> str:
         for e in range(4):
             a(f"    x{e} = X[i + {e}] if ok and kk + {e} < K else ZERO")
         a("    return x0, x1, x2, x3")
-    # the lane's slice: RB fma chains from +0 over its 32 weights (shared tile, row lw)
+    # the lane's slice of MO rows: RB·MO fma chains from +0 over 32 weights each (shared tile at
+    # lw + 32·m·SW); each X quad is loaded once for the MO rows
     a("def dot(Ts, lw, Xs, xb):")
-    for r in range(RB):
-        a(f"    p{r} = ZERO")
+    for m in range(MO):
+        for r in range(RB):
+            a(f"    p{m}_{r} = ZERO")
     for j in range(NI):
-        a(f"    u0, u1, u2, u3 = {lds}(Ts, lw + {4 * j})")
-        if BF:
-            ws = []
-            for m in range(4):
-                a(f"    v{2 * m} = bits_to_f32(u{m} << 16)")
-                a(f"    v{2 * m + 1} = bits_to_f32(u{m} & -65536)")
-                ws += [f"v{2 * m}", f"v{2 * m + 1}"]
-            quads = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
-        else:
-            quads = [(j, ["u0", "u1", "u2", "u3"])]
-        for q, wq in quads:
+        wq = {}
+        for m in range(MO):
+            a(f"    u{m}_0, u{m}_1, u{m}_2, u{m}_3 = {lds}(Ts, lw + {32 * m * SW + 4 * j})")
+            if BF:
+                ws = []
+                for e in range(4):
+                    a(f"    v{m}_{2 * e} = bits_to_f32(u{m}_{e} << 16)")
+                    a(f"    v{m}_{2 * e + 1} = bits_to_f32(u{m}_{e} & -65536)")
+                    ws += [f"v{m}_{2 * e}", f"v{m}_{2 * e + 1}"]
+                wq[m] = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
+            else:
+                wq[m] = [(j, [f"u{m}_{e}" for e in range(4)])]
+        for h in range(len(wq[0])):
+            q = wq[0][h][0]
             for r in range(RB):
                 a(f"    z0, z1, z2, z3 = lds4f(Xs, xb + {r * CS * 36 + 4 * q})")
-                for e in range(4):
-                    a(f"    p{r} = {FMA}(z{e}, {wq[e]}, p{r})")
-    a("    return (" + ", ".join(f"p{r}" for r in range(RB)) + ",)")
+                for m in range(MO):
+                    for e in range(4):
+                        a(f"    p{m}_{r} = {FMA}(z{e}, {wq[m][h][1][e]}, p{m}_{r})")
+    a("    return (" + ", ".join(f"p{m}_{r}" for m in range(MO) for r in range(RB)) + ",)")
     # the chunk's CS slice partials of one accumulator, added in slice order
     a("def merge(Ps, i, acc):")
     for sidx in range(CS):
@@ -300,9 +308,11 @@ def _devices(c: Cfg) -> str:
 
 
 def _source(c: Cfg) -> str:
-    RB, OW, SP, NG, NW, NT, OB, CS, KC, PSTR, PF, NI, SW = (
-        c.RB, c.OW, c.SP, c.NG, c.NW, c.NT, c.OB, c.CS, c.KC, c.PSTR, c.PF, c.NI, c.SW)
+    RB, OW, SP, NG, NW, NT, OB, CS, KC, PSTR, PF, NI, SW, MO = (
+        c.RB, c.OW, c.SP, c.NG, c.NW, c.NT, c.OB, c.CS, c.KC, c.PSTR, c.PF, c.NI, c.SW, c.MO)
     BF = c.BF16
+    OWT = OW * MO                 # weight rows per warp step
+    NL = NI * MO                  # 16-byte loads per lane per chunk
     EPQ = 8 if BF else 4          # weight elements per 16-byte unit
     UR = SP * NI                  # units per weight row in one warp step
     NACC = -(-(RB * OB) // NT)    # accumulators per thread
@@ -316,7 +326,7 @@ def _source(c: Cfg) -> str:
 
     a("def kern(X, XS, W, K, N, out, R):")
     for s in sets:  # numba wants every register defined on every path
-        for i in range(NI):
+        for i in range(NL):
             a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
     for m in range(NXQ):
         a(f"    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
@@ -326,35 +336,35 @@ def _source(c: Cfg) -> str:
     a(f"    og = w // {NG}")
     a(f"    g = w - og * {NG}")
     a("    blk = cuda.blockIdx.x")
-    a(f"    o0w = blk * {OB} + og * {OW}")
+    a(f"    o0w = blk * {OB} + og * {OWT}")
     a(f"    nch = (K + {KC - 1}) // {KC}")
     al = "" if SIMULATED else ", alignment=16"  # (the simulator refuses an alignment)
-    a(f"    Ts = cuda.shared.array({NW * 32 * SW}, {'np.int32' if BF else 'np.float32'}{al})")
+    a(f"    Ts = cuda.shared.array({NW * 32 * MO * SW}, {'np.int32' if BF else 'np.float32'}{al})")
     a(f"    Xs = cuda.shared.array({RB * CS * 36}, np.float32{al})")
     a(f"    Ps = cuda.shared.array({CS * PSTR}, np.float32{al})")
-    a(f"    tb = w * {32 * SW}")
+    a(f"    tb = w * {32 * MO * SW}")
     # weight rows: per coalesced instruction i the warp reads 32 consecutive units of the tile
-    # (row-major: OW rows × UR units); lane ln gets unit 32 i + ln = slice (32 i + ln) // NI
+    # (row-major: OWT rows × UR units); lane ln gets unit 32 i + ln = slice (32 i + ln) // NI
     wsrc = []  # per i: (pointer variable, constant element offset)
     if UR >= 32:
-        for m in range(OW):
+        for m in range(OWT):
             a(f"    wr{m} = min(o0w + {m}, N - 1) * K + g * {SP * 32} + ln * {EPQ}")
         a(f"    kq = g * {SP * 32} + ln * {EPQ}")
-        for i in range(NI):
+        for i in range(NL):
             u0 = 32 * i
             wsrc.append((f"wr{u0 // UR}", (u0 % UR) * EPQ))
     else:
         rpi = 32 // UR
-        for i in range(NI):
+        for i in range(NL):
             a(f"    wr{i} = min(o0w + {i * rpi} + ln // {UR}, N - 1) * K + g * {SP * 32} + (ln % {UR}) * {EPQ}")
             wsrc.append((f"wr{i}", 0))
         a(f"    kq = g * {SP * 32} + (ln % {UR}) * {EPQ}")
-    for i in range(NI):
-        a(f"    sa{i} = tb + (({32 * i} + ln) // {NI}) * {SW} + (ln % {NI}) * 4")
+    lni = NI.bit_length() - 1
+    a(f"    sa = tb + (ln >> {lni}) * {SW} + (ln & {NI - 1}) * 4")  # + (32 i / NI)·SW for load i
     a(f"    lw = tb + ln * {SW}")
     a(f"    sl = g * {SP} + ln % {SP}")  # the lane's slice within the chunk
     a("    xb = sl * 36")
-    a(f"    pa = sl * {PSTR} + og * {OW} + ln // {SP}")
+    a(f"    pa = sl * {PSTR} + og * {OWT} + ln // {SP}")
     for m in range(NXQ):  # X staging: quad e = tid + m NT = (row·CS + slice)·8 + quad
         a(f"    xe{m} = tid + {m * NT}")
         a(f"    xr{m} = xe{m} // {CS * 8}")
@@ -367,18 +377,18 @@ def _source(c: Cfg) -> str:
         """Issue the W loads of chunk cc into register set s."""
         a(f"{p}kc = {cc} * {KC}")
         if c.HOT:
-            for i in range(NI):
+            for i in range(NL):
                 v, off = wsrc[i]
                 a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldwf(W, {v} + kc + {off})")
             return
         if c.VEC:  # full chunks (all but the last, usually all) load without guards
             a(f"{p}if kc + {KC} <= K:")
-            for i in range(NI):
+            for i in range(NL):
                 v, off = wsrc[i]
                 a(f"{p}    {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldwf(W, {v} + kc + {off})")
             a(f"{p}else:")
             p = p + "    "
-        for i in range(NI):
+        for i in range(NL):
             v, off = wsrc[i]
             a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K)")
 
@@ -401,14 +411,15 @@ def _source(c: Cfg) -> str:
                 a(f"{p}sts4f(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
 
     def body(p, s, cc):
-        for i in range(NI):
-            a(f"{p}{sts}(Ts, sa{i}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
+        for i in range(NL):
+            a(f"{p}{sts}(Ts, sa + {(32 * i // NI) * SW}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
         a(f"{p}syncwarp()")
         a(f"{p}if {cc} + {PF} < nch:")
         wload(p + "    ", s, f"({cc} + {PF})")
-        a(f"{p}" + ", ".join(f"p{r}" for r in range(RB)) + ", = dot(Ts, lw, Xs, xb)")
-        for r in range(RB):
-            a(f"{p}sts1f(Ps, pa + {r * OB}, p{r})")
+        a(f"{p}" + ", ".join(f"p{m}_{r}" for m in range(MO) for r in range(RB)) + ", = dot(Ts, lw, Xs, xb)")
+        for m in range(MO):
+            for r in range(RB):
+                a(f"{p}sts1f(Ps, pa + {r * OB + m * OW}, p{m}_{r})")
         a(f"{p}cuda.syncthreads()")
         a(f"{p}if {cc} + 1 < nch:")
         xstore(p + "    ")
@@ -467,23 +478,86 @@ def source(c: Cfg) -> str:
     return (_PRELUDE_SIM if SIMULATED else _PRELUDE_GPU) + _devices(c) + _source(c)
 
 
-def kernel(c: Cfg):
-    """The compiled (lazily, per signature) kernel for configuration ``c``."""
+_NS = ("cuda", "np", "ZERO", "I0", "fma", "bits_to_f32", "ldg4f", "ldg4i", "lds4f", "lds4i", "sts4f",
+       "sts4i", "lds1f", "sts1f")
+I0 = np.int32(0)
+
+
+def module_source(c: Cfg) -> str:
+    """The kernel as a stand-alone module (``cache=True``: numba caches it beside the file, so
+    worker processes can compile configurations in parallel for a later process to load)."""
+    head = ["# generated by kernels_proto/gemv.py: " + repr(c), "import numpy as np",
+            "from numba import cuda", "from kernels_proto.gemv import " + ", ".join(_NS[2:])]
+    body = source(c)
+    if not SIMULATED:
+        for f in _DEVICE_FNS:
+            body = body.replace(f"\ndef {f}(", f"\n@cuda.jit(device=True, forceinline=True)\ndef {f}(")
+        body = body.replace("\ndef kern(", "\n@cuda.jit(cache=True)\ndef kern(")
+    else:
+        body = body.replace("\ndef kern(", "\n@cuda.jit\ndef kern(")
+    return "\n".join(head) + "\n" + body
+
+
+def kernel(c: Cfg, gen_dir: str | None = None):
+    """The compiled (lazily, per signature) kernel for configuration ``c``. With ``gen_dir`` the
+    kernel is written there as a module and imported (numba's on-disk cache applies)."""
     k = _KERNELS.get(c)
-    if k is None:
-        c.check()
-        ns = {"cuda": cuda, "np": np, "ZERO": ZERO, "I0": np.int32(0), "fma": fma, "bits_to_f32": bits_to_f32,
-              "ldg4f": ldg4f, "ldg4i": ldg4i, "lds4f": lds4f, "lds4i": lds4i, "sts4f": sts4f,
-              "sts4i": sts4i, "lds1f": lds1f, "sts1f": sts1f, "__name__": __name__}
-        src = source(c)
-        exec(compile(src, f"<gemv {c.name()}>", "exec"), ns)
-        if not SIMULATED:
-            for f in _DEVICE_FNS:
-                if f in ns:
-                    ns[f] = cuda.jit(device=True, forceinline=True)(ns[f])
-        k = _KERNELS[c] = cuda.jit(ns["kern"])
-        k._gemv_source = src
+    if k is not None:
+        return k
+    c.check()
+    if gen_dir is not None:
+        import hashlib
+        import importlib.util
+        import os
+
+        src = module_source(c)
+        tag = hashlib.sha1(src.encode()).hexdigest()[:12]
+        os.makedirs(gen_dir, exist_ok=True)
+        path = os.path.join(gen_dir, f"gemv_{tag}.py")
+        if not os.path.exists(path):
+            with open(path + ".tmp", "w") as f:
+                f.write(src)
+            os.replace(path + ".tmp", path)
+        spec = importlib.util.spec_from_file_location(f"_gemv_gen_{tag}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        k = _KERNELS[c] = mod.kern
+        return k
+    ns = {n: globals()[n] for n in _NS}
+    ns["__name__"] = __name__
+    src = source(c)
+    exec(compile(src, f"<gemv {c.name()}>", "exec"), ns)
+    if not SIMULATED:
+        for f in _DEVICE_FNS:
+            if f in ns:
+                ns[f] = cuda.jit(device=True, forceinline=True)(ns[f])
+    k = _KERNELS[c] = cuda.jit(ns["kern"])
+    k._gemv_source = src
     return k
+
+
+def prepare(X, W, out, R: int, cfg: Cfg | None = None):
+    """A launcher with everything but the launch done: ``f()`` runs the GEMV on the default
+    stream, ``f(go=numba_kernels.cuda._go)`` through ``go`` (graph capture)."""
+    N, K = W.shape
+    bf16 = W.dtype == np.uint16
+    if cfg is None:
+        cfg = pick(N, K, R, bf16, vec_ok(X, W, K, bf16))
+    _validate(cfg, X, W, K, R, bf16)
+    k = kernel(cfg)
+    grid = (N + cfg.OB - 1) // cfg.OB
+    args = (X.reshape(X.shape[0] * X.shape[1]), X.shape[1], W.reshape(N * K), K, N, out, R)
+    kk = k[grid, cfg.NT]
+
+    def f(go=None):
+        if N == 0 or R == 0:
+            return
+        if go is None:
+            kk(*args)
+        else:
+            go(k, grid, cfg.NT, *args)
+    f.cfg = cfg
+    return f
 
 
 def signature(c: Cfg) -> str:
@@ -494,7 +568,8 @@ def signature(c: Cfg) -> str:
 # ------------------------------------------------------------------------------------------------
 # dispatch and launch
 # ------------------------------------------------------------------------------------------------
-ROW_BUCKETS = (1, 2, 4, 8)
+ROW_BUCKETS = (1, 2, 4, 5, 8)  # R = 3 runs the 4-row kernel, R = 6, 7 the 8-row one
+LARGE_N = 8192                 # from here on output groups alone give every SM several blocks
 
 
 def bucket(R: int) -> int:
@@ -505,16 +580,22 @@ def bucket(R: int) -> int:
 
 
 def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
-    """The default configuration for an (N, K, R) GEMV: enough warps to cover the GPU for small N
-    (split each chunk's K over NG warps), output groups sharing each X chunk for large N."""
+    """The default configuration of an (N, K, R) GEMV (see the module docstring).
+
+    Large N: warps own 4 outputs each and walk K alone (NG = 1), 8 or 4 warps per block share the X
+    chunk. Small N (the 2048-output projections): the K of each chunk is split over 4 warps, so
+    N = 2048 still gives 256 blocks; with 8 rows, 2 output groups share the X chunk."""
     RB = bucket(R)
-    if N >= 8192:
-        c = Cfg(RB=RB, OW=4, NOG=8, NG=1, PF=2 if RB <= 4 else 1, BF16=bf16, VEC=vec)
+    if N >= LARGE_N:
+        if RB <= 2:
+            c = Cfg(RB=RB, OW=4, NOG=8, NG=1, PF=2)
+        else:
+            c = Cfg(RB=RB, OW=4, NOG=4, NG=1, PF=2 if RB <= 4 else 1)
+    elif RB <= 5:
+        c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2 if RB <= 2 else 1)
     else:
-        c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2, BF16=bf16, VEC=vec)
-    if c.smem_bytes > 48 * 1024:
-        c = Cfg(RB=RB, OW=8, NOG=1, NG=2, PF=c.PF, BF16=bf16, VEC=vec)
-    return c
+        c = Cfg(RB=RB, OW=8, NOG=2, NG=2, PF=1)
+    return dataclasses.replace(c, BF16=bf16, VEC=vec)
 
 
 def vec_ok(X, W, K: int, bf16: bool) -> bool:
@@ -528,19 +609,32 @@ def vec_ok(X, W, K: int, bf16: bool) -> bool:
         return K % q == 0 and X.shape[1] % 4 == 0
 
 
-def launch(X, W, out, R: int, cfg: Cfg | None = None, stream=0):
+def _validate(cfg, X, W, K, R, bf16):
+    if cfg.BF16 != bf16 or not 0 <= R <= cfg.RB or X.shape[1] < K:
+        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}")
+    if cfg.VEC and not vec_ok(X, W, K, bf16):
+        raise ValueError(f"gemv: {cfg.name()} needs K % {8 if bf16 else 4} == 0 and 16-byte aligned rows "
+                         f"(K = {K}, X row stride {X.shape[1]}); use VEC=False")
+
+
+def launch(X, W, out, R: int, cfg: Cfg | None = None, stream=0, go=None):
     """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R (1 ≤ R ≤ 8), canonical order.
-    X: [≥R, ≥K] float32 C-contiguous; W: [N, K] float32 or uint16 (bf16 bits); out: [≥R, N]."""
+    X: [≥R, ≥K] float32 C-contiguous; W: [N, K] float32 or uint16 (bf16 bits); out: [≥R, N].
+    ``go(kernel, grid, block, *args)`` launches instead when given (``numba_kernels.cuda._go``:
+    graph capture). Returns the configuration used."""
     N, K = W.shape
     bf16 = W.dtype == np.uint16
     if cfg is None:
         cfg = pick(N, K, R, bf16, vec_ok(X, W, K, bf16))
-    assert cfg.BF16 == bf16 and R <= cfg.RB
+    _validate(cfg, X, W, K, R, bf16)
     if N == 0 or R == 0:
         return cfg
     k = kernel(cfg)
     grid = (N + cfg.OB - 1) // cfg.OB
     Xf = X.reshape(X.shape[0] * X.shape[1])
     Wf = W.reshape(N * K)
-    k[grid, cfg.NT, stream](Xf, X.shape[1], Wf, K, N, out, R)
+    if go is not None:
+        go(k, grid, cfg.NT, Xf, X.shape[1], Wf, K, N, out, R)
+    else:
+        k[grid, cfg.NT, stream](Xf, X.shape[1], Wf, K, N, out, R)
     return cfg

@@ -41,14 +41,39 @@ PTXAS = os.environ.get("PTXAS", "ptxas")
 CUOBJDUMP = os.environ.get("CUOBJDUMP", "/usr/local/sass/cuobjdump")
 
 CONFIGS = {
+    # large N (≥ 8192): 8 warps × 4 outputs, each warp its own rows, one step per chunk
     "big-R1": G.Cfg(RB=1, OW=4, NOG=8, NG=1, PF=2),
-    "big-R4": G.Cfg(RB=4, OW=4, NOG=8, NG=1, PF=2),
+    "big-R1-pf1": G.Cfg(RB=1, OW=4, NOG=8, NG=1, PF=1),
+    "big-R2": G.Cfg(RB=2, OW=4, NOG=8, NG=1, PF=2),
+    "big-R4": G.Cfg(RB=4, OW=4, NOG=4, NG=1, PF=2),
+    "big-R5": G.Cfg(RB=5, OW=4, NOG=4, NG=1, PF=1),
     "big-R8": G.Cfg(RB=8, OW=4, NOG=4, NG=1, PF=1),
+    "big-R8-mo2": G.Cfg(RB=8, OW=4, NOG=2, NG=1, PF=1, MO=2),
+    "big-R5-mo2": G.Cfg(RB=5, OW=4, NOG=2, NG=1, PF=1, MO=2),
+    # small N (2048): K split over warps
     "small-R1": G.Cfg(RB=1, OW=8, NOG=1, NG=4, PF=2),
-    "small-R8": G.Cfg(RB=8, OW=8, NOG=1, NG=4, PF=2),
+    "small-R1-ow4": G.Cfg(RB=1, OW=4, NOG=2, NG=4, PF=2),
+    "small-R4": G.Cfg(RB=4, OW=8, NOG=1, NG=4, PF=1),
+    "small-R8": G.Cfg(RB=8, OW=8, NOG=1, NG=2, PF=1),
+    "small-R8-mo2": G.Cfg(RB=8, OW=8, NOG=1, NG=2, PF=1, MO=2),
+    # bf16 weights
     "bf16-big-R1": G.Cfg(RB=1, OW=4, NOG=8, NG=1, PF=2, BF16=True),
-    "bf16-small-R8": G.Cfg(RB=8, OW=8, NOG=1, NG=4, PF=2, BF16=True),
+    "bf16-small-R1": G.Cfg(RB=1, OW=8, NOG=1, NG=4, PF=2, BF16=True),
+    "bf16-big-R8": G.Cfg(RB=8, OW=4, NOG=4, NG=1, PF=2, BF16=True),
 }
+
+
+def wavefronts(c: G.Cfg) -> float:
+    """Modelled L1/shared data-path wavefronts (128 B each) per 4 KiB of fp32-equivalent weights
+    ... per warp chunk: weight LDG + STS + LDS (4 each per 512-byte instruction), X broadcast LDS
+    (1 per instruction while SP ≤ 8), X staging LDG + STS, partial stores, merge loads."""
+    wb = 4096 * c.MO * (0.5 if c.BF16 else 1.0)  # weight bytes per warp chunk
+    w = 3 * 4 * c.NI * c.MO
+    x = 8 * c.RB * (1 if c.SP <= 8 else c.SP // 8)
+    xs = 2 * 4 * (c.RB * c.CS * 8 / c.NW) / 32
+    p = c.RB * c.MO
+    mg = c.CS * (c.OB * c.RB / 32) / c.NW
+    return (w + x + xs + p + mg) * 4096 / wb
 
 
 def compile_cfg(c: G.Cfg, dump: str | None = None):
@@ -147,6 +172,7 @@ def main(argv=None):
               f"{res['spill_ld']} smem={res['smem']} (model {c.smem_bytes}); hot path (no partial chunk): "
               f"regs={hot['regs']} kernel={len(ins)} instr, loop={len(loop)} instr")
         b, fl = occupancy(c, res["regs"], res["smem"])
+        print(f"   modelled L1/smem wavefronts per 4 KiB of weights: {wavefronts(c):.0f} (budget 256 at 4.2 TB/s)")
         print(f"   occupancy: {b} blocks/SM = {b * c.NW} warps/SM; weight bytes in flight/SM = {fl // 1024} KiB")
         ffma = cnt.get("FFMA", 0)
         useful = 32 * c.RB * c.PF
