@@ -38,14 +38,13 @@ same source runs with Python fallbacks (no warp barrier there: a block barrier i
 
 from __future__ import annotations
 
-import math
 import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, types
 
-from kernels_proto.prims import SIMULATED, bits_to_f32, fma
+from kernels_proto.prims import SIMULATED, bits_to_f32, fma  # noqa: F401 (globals of the generated source)
 
 F32 = np.float32
 ZERO = F32(0.0)
@@ -238,7 +237,7 @@ class Cfg:
 # weights, partials and addresses in registers. The repeated pieces are force-inlined device
 # functions (typed once by numba, inlined by NVVM), which keeps numba's compile time down.
 def _devices(c: Cfg) -> str:
-    RB, CS, NI, BF, OB, NT, PSTR, MO, SW = c.RB, c.CS, c.NI, c.BF16, c.OB, c.NT, c.PSTR, c.MO, c.SW
+    RB, CS, NI, BF, PSTR, MO, SW = c.RB, c.CS, c.NI, c.BF16, c.PSTR, c.MO, c.SW
     ld, lds = ("ldg4i", "lds4i") if BF else ("ldg4f", "lds4f")
     zero = "I0" if BF else "ZERO"
     # On the GPU the chains call cuda.fma directly: the operands are float32 already, and
