@@ -569,6 +569,7 @@ def signature(c: Cfg) -> str:
 # ------------------------------------------------------------------------------------------------
 ROW_BUCKETS = (1, 2, 4, 5, 8)  # R = 3 runs the 4-row kernel, R = 6, 7 the 8-row one
 LARGE_N = 8192                 # from here on output groups alone give every SM several blocks
+TINY_N = 1024                  # below, one row bucket gets 8 warps per 4 outputs
 
 
 def bucket(R: int) -> int:
@@ -583,9 +584,12 @@ def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
 
     Large N: warps own 4 outputs each and walk K alone (NG = 1), 8 or 4 warps per block share the X
     chunk. Small N (the 2048-output projections): the K of each chunk is split over 4 warps, so
-    N = 2048 still gives 256 blocks; with 8 rows, 2 output groups share the X chunk."""
+    N = 2048 still gives 256 blocks; with 8 rows, 2 output groups share the X chunk. Tiny N, one
+    row: 8 warps split each chunk of 4 outputs (K = 2048 is a single chunk)."""
     RB = bucket(R)
-    if N >= LARGE_N:
+    if N < TINY_N and RB == 1:  # (ba: 64 outputs) latency-bound: the most warps on few outputs
+        c = Cfg(RB=1, OW=4, NOG=1, NG=8, PF=1)
+    elif N >= LARGE_N:
         if RB <= 2:
             c = Cfg(RB=RB, OW=4, NOG=8, NG=1, PF=2)
         else:

@@ -56,8 +56,9 @@ def log(*a):
 
 
 def variants(G, sim=False):
-    """name -> (Cfg, which shapes: "all" | "large" | "small"), in priority order (the budget
-    drops the tail first). ``pick-*`` are the defaults of :func:`kernels_proto.gemv.pick`."""
+    """name -> (Cfg, which shapes: "all" | "large" (N ≥ LARGE_N) | "small" (N < LARGE_N) | "tiny"
+    (N < TINY_N)), in priority order (the budget drops the tail first). ``pick-*`` are the
+    defaults of :func:`kernels_proto.gemv.pick` (L: large N, S: small N, T: tiny N)."""
     C = G.Cfg
     v = {}
 
@@ -86,6 +87,8 @@ def variants(G, sim=False):
     add("bf16-pick-S-R5", pk(5, False, True), "small")
     add("L-R5-pf2", C(RB=5, OW=4, NOG=4, NG=1, PF=2), "large")
     add("L-R8-mo2", C(RB=8, OW=4, NOG=2, NG=1, PF=1, MO=2), "all")
+    add("pick-T-R1", G.pick(64, 2048, 1), "tiny")
+    add("bf16-pick-T-R1", G.pick(64, 2048, 1, bf16=True), "tiny")
     add("S-R8-ng4", C(RB=8, OW=8, NOG=1, NG=4, PF=1), "small")
     if sim:  # a smoke test: four kernels, every shape
         v = {k: (v[k][0], "all") for k in ("pick-L-R1", "pick-S-R5", "bf16-pick-S-R1", "S-ow4-og2-ng2")}
@@ -507,14 +510,14 @@ def run(args, res):
         for sname, d in W.items():
             N, K = d["N"], d["K"]
             large = N >= G.LARGE_N
-            if where == "large" and not large or where == "small" and large:
+            if where == "large" and not large or where == "small" and large or where == "tiny" and N >= G.TINY_N:
                 continue
             for R in rows:
                 if G.bucket(R) != cfg.RB:
                     continue
                 wd = [c[1] if cfg.BF16 else c[0] for c in d["copies"]]
                 t = dict(kind="gemv", shape=sname, N=N, K=K, R=R, variant=vname, cfg=cfg.name(), bf16=cfg.BF16,
-                         default=vname.startswith(("pick-", "bf16-pick-")) and (where != "all" or large == ("-L-" in vname)))
+                         default=G.pick(N, K, R, cfg.BF16) == cfg)
                 t0 = time.time()
                 try:
                     fns = [G.prepare(Xd, w, d["outd"], R, cfg) for w in wd]
@@ -584,6 +587,9 @@ def decode_step(res, G, V, cuda, np, W, step_list, Xd, kc, cl, torch, sim, timed
             return
         row = dict(name=name, R=R, launches=len(fns), bytes=nb, graph=False)
         try:
+            for f in fns:  # compiled and warm before the capture
+                f()
+            cuda.synchronize()
             if kc is not None:  # (the simulator records and replays the launches)
                 gph, _ = kc.capture(lambda: [f(go=kc._go) for f in fns], keep=list(outs.values()))
                 row["graph"] = True
