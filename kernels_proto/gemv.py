@@ -82,6 +82,32 @@ if not SIMULATED:
 
         return load4
 
+    def _make_loadz(elt_ir, elt_nb):
+        """load4 of arr[i:i+4] if ok else of Z[0:4] (a zero buffer): a select of the pointer, no
+        branch, no predicated registers; arr[i] is never touched when not ok."""
+        @intrinsic
+        def loadz4(typingctx, arr, idx, zarr, ok):
+            sig = types.UniTuple(elt_nb, 4)(arr, idx, zarr, ok)
+
+            def codegen(context, builder, sig, args):
+                a = context.make_array(sig.args[0])(context, builder, value=args[0])
+                i = context.cast(builder, args[1], sig.args[1], types.intp)
+                p = builder.gep(a.data, [i])
+                z = context.make_array(sig.args[2])(context, builder, value=args[2])
+                zp = builder.bitcast(z.data, p.type)
+                c = context.cast(builder, args[3], sig.args[3], types.boolean)
+                q = builder.select(c, p, zp)
+                vp = builder.bitcast(builder.addrspacecast(q, ir.PointerType(p.type.pointee, 1)),
+                                     ir.PointerType(ir.VectorType(elt_ir, 4), 1))
+                v = builder.load(vp, align=16)
+                v.set_metadata("invariant.load", builder.module.add_metadata([]))
+                el = [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+                return context.make_tuple(builder, sig.return_type, el)
+
+            return sig, codegen
+
+        return loadz4
+
     def _make_store(elt_ir, elt_nb):
         @intrinsic
         def store4(typingctx, arr, idx, a, b, c, d):
@@ -138,6 +164,8 @@ if not SIMULATED:
     # global (X: float32; W: float32 or uint16 → four int32 words = eight bf16)
     ldg4f = _make_load(1, ir.FloatType(), types.float32, True)
     ldg4i = _make_load(1, ir.IntType(32), types.int32, True)
+    ldz4f = _make_loadz(ir.FloatType(), types.float32)
+    ldz4i = _make_loadz(ir.IntType(32), types.int32)
     lds4f = _make_load(3, ir.FloatType(), types.float32, False)
     lds4i = _make_load(3, ir.IntType(32), types.int32, False)
     sts4f = _make_store(ir.FloatType(), types.float32)
@@ -151,6 +179,12 @@ else:
         return u[0], u[1], u[2], u[3]
 
     lds4f = lds4i = ldg4f
+
+    def ldz4f(a, i, z, ok):
+        return ldg4f(a, i) if ok else (ZERO, ZERO, ZERO, ZERO)
+
+    def ldz4i(a, i, z, ok):
+        return ldg4i(a, i) if ok else (np.int32(0),) * 4
 
     def lds1f(a, i):
         return a[i]
@@ -248,16 +282,12 @@ def _devices(c: Cfg) -> str:
     # guarded 16-byte weight load: zeros past K (kk: the unit's first column)
     a("def ldwf(W, i):")
     a(f"    return {ld}(W, i)")
-    a("def ldw(W, i, kk, K):")
-    a("    if kk < K:")
-    a(f"        return {ld}(W, i)")
-    a(f"    return {zero}, {zero}, {zero}, {zero}")
-    a("def ldx(X, i, ok):")
-    a("    if ok:")
-    a("        return ldg4f(X, i)")
-    a("    return ZERO, ZERO, ZERO, ZERO")
+    a("def ldw(W, i, kk, K, Z):")
+    a(f"    return {'ldz4i' if BF else 'ldz4f'}(W, i, Z, kk < K)")
+    a("def ldx(X, i, ok, Z):")
+    a("    return ldz4f(X, i, Z, ok)")
     if not c.VEC:
-        a("def ldw(W, i, kk, K):")  # scalar: every element guarded
+        a("def ldw(W, i, kk, K, Z):")  # scalar: every element guarded
         if BF:
             for e in range(4):
                 a(f"    lo{e} = np.int32(W[i + {2 * e}]) if kk + {2 * e} < K else I0")
@@ -323,7 +353,7 @@ def _source(c: Cfg) -> str:
     L = []
     a = L.append
 
-    a("def kern(X, XS, W, K, N, out, R):")
+    a("def kern(X, XS, W, K, N, out, R, Z):")
     for s in sets:  # numba wants every register defined on every path
         for i in range(NL):
             a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
@@ -389,14 +419,14 @@ def _source(c: Cfg) -> str:
             p = p + "    "
         for i in range(NL):
             v, off = wsrc[i]
-            a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K)")
+            a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K, Z)")
 
     def xload(p, cc):
         a(f"{p}kc = {cc} * {KC}")
         for m in range(NXQ):
             ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R and kc + xk{m} < K"
             if c.VEC:
-                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldx(X, xr{m} * XS + kc + xk{m}, {ok})")
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldx(X, xr{m} * XS + kc + xk{m}, {ok}, Z)")
             else:
                 ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R"
                 a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldxs(X, xr{m} * XS + kc + xk{m}, {ok}, kc + xk{m}, K)")
@@ -478,7 +508,7 @@ def source(c: Cfg) -> str:
 
 
 _NS = ("cuda", "np", "ZERO", "I0", "fma", "bits_to_f32", "ldg4f", "ldg4i", "lds4f", "lds4i", "sts4f",
-       "sts4i", "lds1f", "sts1f")
+       "sts4i", "lds1f", "sts1f", "ldz4f", "ldz4i")
 I0 = np.int32(0)
 
 
@@ -535,6 +565,17 @@ def kernel(c: Cfg, gen_dir: str | None = None):
     return k
 
 
+_ZEROS: dict = {}
+
+
+def zeros():
+    """16 zero bytes on the device: what a load past K reads instead (see ``ldz4f``)."""
+    z = _ZEROS.get("z")
+    if z is None:
+        z = _ZEROS["z"] = cuda.to_device(np.zeros(8, np.float32))
+    return z
+
+
 def prepare(X, W, out, R: int, cfg: Cfg | None = None):
     """A launcher with everything but the launch done: ``f()`` runs the GEMV on the default
     stream, ``f(go=numba_kernels.cuda._go)`` through ``go`` (graph capture)."""
@@ -545,7 +586,7 @@ def prepare(X, W, out, R: int, cfg: Cfg | None = None):
     _validate(cfg, X, W, K, R, bf16)
     k = kernel(cfg)
     grid = (N + cfg.OB - 1) // cfg.OB
-    args = (X.reshape(X.shape[0] * X.shape[1]), X.shape[1], W.reshape(N * K), K, N, out, R)
+    args = (X.reshape(X.shape[0] * X.shape[1]), X.shape[1], W.reshape(N * K), K, N, out, R, zeros())
     kk = k[grid, cfg.NT]
 
     def f(go=None):
@@ -561,7 +602,7 @@ def prepare(X, W, out, R: int, cfg: Cfg | None = None):
 
 def signature(c: Cfg) -> str:
     w = "uint16" if c.BF16 else "float32"
-    return f"(float32[::1], int64, {w}[::1], int64, int64, float32[:, ::1], int64)"
+    return f"(float32[::1], int64, {w}[::1], int64, int64, float32[:, ::1], int64, float32[::1])"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -595,7 +636,7 @@ def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
         else:
             c = Cfg(RB=RB, OW=4, NOG=4, NG=1, PF=2 if RB <= 4 else 1)
     elif RB <= 5:
-        c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2 if RB <= 2 else 1)
+        c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2)
     else:
         c = Cfg(RB=RB, OW=8, NOG=2, NG=2, PF=1)
     return dataclasses.replace(c, BF16=bf16, VEC=vec)
@@ -637,7 +678,7 @@ def launch(X, W, out, R: int, cfg: Cfg | None = None, stream=0, go=None):
     Xf = X.reshape(X.shape[0] * X.shape[1])
     Wf = W.reshape(N * K)
     if go is not None:
-        go(k, grid, cfg.NT, Xf, X.shape[1], Wf, K, N, out, R)
+        go(k, grid, cfg.NT, Xf, X.shape[1], Wf, K, N, out, R, zeros())
     else:
-        k[grid, cfg.NT, stream](Xf, X.shape[1], Wf, K, N, out, R)
+        k[grid, cfg.NT, stream](Xf, X.shape[1], Wf, K, N, out, R, zeros())
     return cfg

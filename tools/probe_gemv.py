@@ -119,7 +119,7 @@ def compile_worker(gen_dir, reprs):
             c = eval(r, {"Cfg": G.Cfg})  # noqa: S307 (our own repr)
             W = cuda.device_array(64, np.uint16 if c.BF16 else np.float32)
             k = G.kernel(c, gen_dir)
-            k.compile(tuple(numba.typeof(a) for a in (X, 8, W, 8, 8, out, 1)))
+            k.compile(tuple(numba.typeof(a) for a in (X, 8, W, 8, 8, out, 1, X)))
             print(f"compiled {c.name()} {time.time() - t0:.1f}s", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"compile failed {r}: {type(e).__name__}: {e}", flush=True)
