@@ -1,7 +1,7 @@
 """Decode GEMV at copy speed (issue #16), fp32 or bf16 weights (issue #14), 1-8 rows, canonical order.
 
     out[r, o] = dot(X[r, :K], W[o, :K])   for r < R ≤ RB, o < N
-    X: [≥R, K] float32 (C-contiguous); W: [N, K] float32, or uint16 bf16 bit patterns; out: [≥R, N]
+    X: [≥R, ≥K] float32 (C-contiguous); W: [N, K] float32, or uint16 bf16 bit patterns; out: [≥R, N]
 
 The order is ``exact.dot_rows``: K in slices of 32, an fma chain from +0 inside a slice, slice
 partials added left to right into an accumulator that starts at +0. Bit-identical to
@@ -9,36 +9,42 @@ partials added left to right into an accumulator that starts at +0. Bit-identica
 
 Layout of the work (one configuration = :class:`Cfg`):
 
-- A **warp step** is a tile of OW weight rows × SP = 32/OW consecutive slices (4 KiB of fp32,
-  2 KiB of bf16). The warp reads it with fully coalesced 128-bit loads (``LDG.E.128``: each
-  instruction reads 512 contiguous bytes), stores it into its own XOR-swizzled shared tile and
-  reads it back transposed, so that lane L holds all of slice L of the tile: lane L = (row L//SP,
-  slice L%SP). It runs the slice's fma chain for all RB rows of X at once (the weight is read
-  once per step for every row). X comes from shared memory; the SP ≤ 8 lanes' addresses fall in
-  distinct banks, and the OW lanes of a slice read the same address (broadcast).
-- A **block** is NOG × NG warps: NOG groups of OW outputs (OB = NOG·OW outputs per block), and
-  NG warps splitting each K chunk. A **chunk** is CS = NG·SP consecutive slices (KC = 32·CS
-  elements): every warp does one step per chunk. The block stages the chunk's X (RB rows) in
-  shared memory, each lane writes its RB slice partials to a shared array P[slice][row][output],
-  and after a barrier the OB·RB accumulator threads add the chunk's CS partials in slice order.
-  Chunks are visited in order, so each accumulator sees every slice partial left to right.
-- Loads are issued PF chunks ahead (registers), so 128·PF bytes (fp32) per lane are in flight
-  while the current chunk is computed. The last, partial chunk loads zeros past K; a zero term
-  fma(0, 0, p) and a +0 partial leave the sums' bits unchanged (an accumulator is never -0).
-- bf16: the same, with 64-byte slices; lane L widens its 32 weights exactly in registers
-  (``bits_to_f32(u << 16)`` / ``bits_to_f32(u & 0xFFFF0000)``).
+- A **warp step** is a tile of MO·OW weight rows × SP = 32/OW consecutive slices (MO·4 KiB of
+  fp32, MO·2 KiB of bf16). The warp reads it with fully coalesced 128-bit loads (``LDG.E.128``:
+  each instruction reads 512 contiguous bytes), stores it into its own shared tile and reads it
+  back transposed, so that each lane holds whole slices: lane L runs slice L // OW of rows
+  L % OW + m·OW (m < MO). Its fma chains cover all RB rows of X at once: the weight is read once
+  per step for every row, and each X quad (LDS.128) serves MO rows of W. X comes from shared
+  memory; adjacent lanes share a slice, so X reads pair up (lanes n, n^1 on one address: the
+  LDS.128 returns in 2 cycles, not 4). Tile and X rows are padded by 16 bytes: no bank conflicts.
+- A **block** is NOG × NG warps: NOG groups of MO·OW outputs (OB outputs per block) and NG warps
+  splitting each K chunk. A **chunk** is CS = NG·SP consecutive slices (KC = 32·CS elements);
+  every warp does one step per chunk. The block stages the chunk's X (RB rows) in shared memory,
+  each lane writes its RB·MO slice partials to a shared P[slice][row][output], and after a barrier
+  the OB·RB accumulator threads add the chunk's CS partials in slice order. Chunks are visited in
+  order, so every accumulator sees every slice partial left to right, whatever the split.
+- Weight loads are issued PF chunks ahead (registers: 128·MO·PF bytes per lane in flight while
+  the current chunk is computed); the next chunk's X is loaded during the current one. A chunk
+  that crosses K loads from a 16-byte zero buffer past K (a pointer select, no branch): a zero
+  term fma(0, 0, p) and a +0 partial leave the sums' bits unchanged (an accumulator is never -0).
+- bf16: the same with 64-byte slices; each lane widens its weights exactly in registers
+  (``bits_to_f32(u << 16)`` / ``bits_to_f32(u & 0xFFFF0000)``: one integer op per weight).
 
-Vector loads need K % 4 == 0 (bf16: K % 8 == 0) and 16-byte aligned X and W; otherwise the
-same kernel is built with scalar, per-element guarded loads (``VEC=False``).
+Vector loads need K % 4 == 0 (bf16: K % 8 == 0), a row stride of X that is a multiple of 4 and
+16-byte aligned X and W; otherwise the same kernel is built with scalar, guarded loads
+(``VEC=False``; :func:`launch` and :func:`prepare` choose it, or refuse a VEC configuration).
 
-Kernels are generated from source (full unrolling, static register names) and compiled per
-configuration; :func:`pick` chooses one from (N, K, R). Under ``NUMBA_ENABLE_CUDASIM=1`` the
-same source runs with Python fallbacks (no warp barrier there: a block barrier instead).
+Kernels are generated from source (full unrolling, static register names; the repeated pieces are
+force-inlined device functions, which keeps numba's compile time at ~2 s a kernel) and compiled
+per configuration; :func:`pick` chooses one from (N, K, R) and the row bucket (1, 2, 4, 5, 8).
+Under ``NUMBA_ENABLE_CUDASIM=1`` the same source runs with Python fallbacks (its ``fma`` is a true
+fused multiply-add; no warp barrier there: a block barrier instead).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -388,12 +394,36 @@ def _source(c: Cfg) -> str:
             a(f"    wr{i} = min(o0w + {i * rpi} + ln // {UR}, N - 1) * K + g * {SP * 32} + (ln % {UR}) * {EPQ}")
             wsrc.append((f"wr{i}", 0))
         a(f"    kq = g * {SP * 32} + (ln % {UR}) * {EPQ}")
+    # The tile is stored in reading order: lane ln reads tile slices ln + 32 m (m < MO), which hold
+    # weight row (ln % OW) + m·OW, slice ln // OW. So the lanes of one slice are adjacent: their X
+    # reads share addresses pairwise (T_n, T_n^1), which halves the shared-memory return cycles
+    # of an LDS.128 (4 → 2); the 36-word (fp32) / 20-word (bf16) stride keeps reads conflict-free.
+    def pos(t):  # storage position of tile slice t (row-major index t = row·SP + slice)
+        row, sli = divmod(t, SP)
+        return (row // OW) * 32 + sli * OW + row % OW
+
+    def spos(i, ln):  # storage word of load i's 16-byte unit for lane ln
+        t, j = divmod(32 * i + ln, NI)
+        return pos(t) * SW + 4 * j
+    sep = all(spos(i, ln) - spos(0, ln) == spos(i, 0) - spos(0, 0) for i in range(NL) for ln in range(32))
     lni = NI.bit_length() - 1
-    a(f"    sa = tb + (ln >> {lni}) * {SW} + (ln & {NI - 1}) * 4")  # + (32 i / NI)·SW for load i
+    if sep:  # store address = one per-lane base + an immediate per load
+        qb = 32 // NI
+        g0 = [spos(0, q * NI) // SW for q in range(qb)]  # position of lane group q (j = 0) at load 0
+        if all(g0[q] == g0[0] + q * (g0[1] - g0[0] if qb > 1 else 0) for q in range(qb)):
+            a(f"    sa = tb + (ln >> {lni}) * {(g0[1] - g0[0] if qb > 1 else 0) * SW} + (ln & {NI - 1}) * 4")
+            soff = [spos(i, 0) - spos(0, 0) + g0[0] * SW for i in range(NL)]
+        else:
+            sep = False
+    if not sep:
+        for i in range(NL):
+            t = f"(({32 * i} + ln) >> {lni})"
+            a(f"    sa{i} = tb + ((({t} // {SP}) // {OW}) * 32 + ({t} % {SP}) * {OW} + ({t} // {SP}) % {OW}) * {SW}"
+              f" + (ln & {NI - 1}) * 4")
     a(f"    lw = tb + ln * {SW}")
-    a(f"    sl = g * {SP} + ln % {SP}")  # the lane's slice within the chunk
+    a(f"    sl = g * {SP} + ln // {OW}")  # the lane's slice within the chunk
     a("    xb = sl * 36")
-    a(f"    pa = sl * {PSTR} + og * {OWT} + ln // {SP}")
+    a(f"    pa = sl * {PSTR} + og * {OWT} + ln % {OW}")
     for m in range(NXQ):  # X staging: quad e = tid + m NT = (row·CS + slice)·8 + quad
         a(f"    xe{m} = tid + {m * NT}")
         a(f"    xr{m} = xe{m} // {CS * 8}")
@@ -441,7 +471,8 @@ def _source(c: Cfg) -> str:
 
     def body(p, s, cc):
         for i in range(NL):
-            a(f"{p}{sts}(Ts, sa + {(32 * i // NI) * SW}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
+            addr = f"sa + {soff[i]}" if sep else f"sa{i}"
+            a(f"{p}{sts}(Ts, {addr}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
         a(f"{p}syncwarp()")
         a(f"{p}if {cc} + {PF} < nch:")
         wload(p + "    ", s, f"({cc} + {PF})")
@@ -547,8 +578,10 @@ def kernel(c: Cfg, gen_dir: str | None = None):
             with open(path + ".tmp", "w") as f:
                 f.write(src)
             os.replace(path + ".tmp", path)
-        spec = importlib.util.spec_from_file_location(f"_gemv_gen_{tag}", path)
+        name = f"_gemv_gen_{tag}"
+        spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # (importable by name, as pickled cache entries may expect)
         spec.loader.exec_module(mod)
         k = _KERNELS[c] = mod.kern
         return k
@@ -633,8 +666,10 @@ def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
     elif N >= LARGE_N:
         if RB <= 2:
             c = Cfg(RB=RB, OW=4, NOG=8, NG=1, PF=2)
+        elif RB <= 5:  # two rows of W per lane share each X load (X reads: half the return cycles)
+            c = Cfg(RB=RB, OW=4, NOG=4, NG=1, PF=1, MO=2)
         else:
-            c = Cfg(RB=RB, OW=4, NOG=4, NG=1, PF=2 if RB <= 4 else 1)
+            c = Cfg(RB=RB, OW=4, NOG=4, NG=1, PF=1)
     elif RB <= 5:
         c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2)
     else:

@@ -3,7 +3,7 @@
 The simulator must be on before numba is imported, so the cases run in a subprocess. Its ``fma``
 (kernels_proto.prims) is a true fused multiply-add, so the comparison is bitwise, no tolerance.
 The cases walk every edge of the kernel's tiling: each warp shape (OW = 2, 4, 8, 16 outputs per
-warp), K split over 1, 2 and 4 warps, 1-3 chunks of weights in flight with odd and even chunk
+warp, 1 or 2 rows of W per lane), K split over 1, 2, 3 and 4 warps, 1-3 chunks of weights in flight with odd and even chunk
 counts, a partial last chunk, a partial last slice (K % 32 != 0), K % 4 != 0 and bf16 K % 8 != 0
 (the scalar path), N not a multiple of the block's outputs and N smaller than it, R below the
 row bucket (rows past R are not written), X with a row stride > K, the default configuration of
@@ -65,6 +65,9 @@ SCRIPT = textwrap.dedent(r'''
     case(C(RB=4, OW=8, NOG=1, NG=2, PF=1), 4, 1100, 5)
     case(C(RB=8, OW=4, NOG=1, NG=2, PF=2), 5, 1100, 6, tiny=True)
     case(C(RB=8, OW=8, NOG=1, NG=4, PF=1), 8, 520, 3)                     # N < OB, one partial chunk
+    case(C(RB=5, OW=8, NOG=1, NG=3, PF=1, MO=2), 5, 1100, 21)             # 3 K warps, 2 rows per lane
+    case(C(RB=4, OW=4, NOG=2, NG=1, PF=2, MO=2, BF16=True), 3, 1000, 19)
+    case(C(RB=2, OW=16, NOG=1, NG=1, PF=1, MO=2), 2, 300, 37)             # per-load store addresses
     case(C(RB=2, OW=16, NOG=1, NG=2, PF=1), 2, 300, 17)
     case(C(RB=2, OW=2, NOG=1, NG=1, PF=2), 2, 1100, 3)
     case(C(RB=1, OW=4, NOG=2, NG=1, PF=3), 1, 8 * 32 * 7 + 4, 8, XS=1800)

@@ -76,6 +76,8 @@ def variants(G, sim=False):
     add("bf16-pick-S-R1", pk(1, False, True), "small")
     add("pick-L-R8", pk(8, True), "large")
     add("pick-S-R8", pk(8, False), "small")
+    add("pick-T-R1", G.pick(64, 2048, 1), "tiny")
+    add("bf16-pick-T-R1", G.pick(64, 2048, 1, bf16=True), "tiny")
     add("L-pf1", C(RB=1, OW=4, NOG=8, NG=1, PF=1), "all")
     add("S-ng8-pf1", C(RB=1, OW=8, NOG=1, NG=8, PF=1), "all")
     add("S-ow4-og2-ng2", C(RB=1, OW=4, NOG=2, NG=2, PF=2), "all")
@@ -85,10 +87,10 @@ def variants(G, sim=False):
     add("pick-S-R4", pk(4, False), "small")
     add("bf16-pick-L-R5", pk(5, True, True), "large")
     add("bf16-pick-S-R5", pk(5, False, True), "small")
-    add("L-R5-pf2", C(RB=5, OW=4, NOG=4, NG=1, PF=2), "large")
+    add("L-R5-mo1", C(RB=5, OW=4, NOG=4, NG=1, PF=1), "large")
     add("L-R8-mo2", C(RB=8, OW=4, NOG=2, NG=1, PF=1, MO=2), "all")
-    add("pick-T-R1", G.pick(64, 2048, 1), "tiny")
-    add("bf16-pick-T-R1", G.pick(64, 2048, 1, bf16=True), "tiny")
+    add("S-R5-mo2-ng3", C(RB=5, OW=8, NOG=1, NG=3, PF=1, MO=2), "small")
+    add("S-R1-mo2-ng3", C(RB=1, OW=8, NOG=1, NG=3, PF=1, MO=2), "small")
     add("S-R8-ng4", C(RB=8, OW=8, NOG=1, NG=4, PF=1), "small")
     if sim:  # a smoke test: four kernels, every shape
         v = {k: (v[k][0], "all") for k in ("pick-L-R1", "pick-S-R5", "bf16-pick-S-R1", "S-ow4-og2-ng2")}

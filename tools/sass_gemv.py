@@ -155,7 +155,7 @@ def occupancy(c: G.Cfg, regs: int, smem: int):
     by_smem = 233472 // (smem + 1024)
     by_thr = 2048 // c.NT
     b = min(by_regs, by_smem, by_thr, 32)
-    return b, b * c.NT * 16 * c.NI * c.PF
+    return b, b * c.NT * 16 * c.NI * c.PF * c.MO
 
 
 def main(argv=None):
@@ -165,6 +165,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     for name in args.cfg:
         c = CONFIGS[name] if name in CONFIGS else eval("G.Cfg(" + name + ")")  # noqa: S307
+        try:
+            c.check()
+        except AssertionError as e:
+            print(f"== {name}: does not fit: {e}")
+            continue
         res = compile_cfg(c, args.dump)
         hot = compile_cfg(dataclasses.replace(c, HOT=True), args.dump)
         ins, loop, cnt, tot = summary(c, hot)
@@ -175,7 +180,7 @@ def main(argv=None):
         print(f"   modelled L1/smem wavefronts per 4 KiB of weights: {wavefronts(c):.0f} (budget 256 at 4.2 TB/s)")
         print(f"   occupancy: {b} blocks/SM = {b * c.NW} warps/SM; weight bytes in flight/SM = {fl // 1024} KiB")
         ffma = cnt.get("FFMA", 0)
-        useful = 32 * c.RB * c.PF
+        useful = 32 * c.RB * c.PF * c.MO
         print(f"   loop: FFMA={ffma} (useful {useful} per iteration of {c.PF} chunk(s)); "
               f"non-FFMA per FFMA = {(len(loop) - ffma) / max(ffma, 1):.2f}")
         print("   " + ", ".join(f"{k}={v}" for k, v in sorted(cnt.items(), key=lambda kv: -kv[1])))
