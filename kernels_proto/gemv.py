@@ -674,6 +674,8 @@ def pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> Cfg:
         c = Cfg(RB=RB, OW=8, NOG=1, NG=4, PF=2)
     else:
         c = Cfg(RB=RB, OW=8, NOG=2, NG=2, PF=1)
+    if bf16 and RB >= 4 and c.MO == 1:  # half the bytes per weight: X reads weigh twice as much
+        c = dataclasses.replace(c, MO=2)
     return dataclasses.replace(c, BF16=bf16, VEC=vec)
 
 

@@ -63,17 +63,53 @@ CONFIGS = {
 }
 
 
-def wavefronts(c: G.Cfg) -> float:
-    """Modelled L1/shared data-path wavefronts (128 B each) per 4 KiB of fp32-equivalent weights
-    ... per warp chunk: weight LDG + STS + LDS (4 each per 512-byte instruction), X broadcast LDS
-    (1 per instruction while SP ≤ 8), X staging LDG + STS, partial stores, merge loads."""
-    wb = 4096 * c.MO * (0.5 if c.BF16 else 1.0)  # weight bytes per warp chunk
-    w = 3 * 4 * c.NI * c.MO
-    x = 8 * c.RB * (1 if c.SP <= 8 else c.SP // 8)
-    xs = 2 * 4 * (c.RB * c.CS * 8 / c.NW) / 32
-    p = c.RB * c.MO
-    mg = c.CS * (c.OB * c.RB / 32) / c.NW
-    return (w + x + xs + p + mg) * 4096 / wb
+def _cycles(addrs, width, load=True):
+    """Shared-memory cycles of one warp access (addresses in 32-bit words): 32-bit accesses in one
+    pass; 128-bit loads in 4 quarter-warp passes, or 2 half-warp passes when lane pairs (n, n^1) or
+    (n, n^2) share addresses (packed return, NVIDIA forums: 2 registers per lane per cycle); each
+    pass costs the worst bank's number of distinct words."""
+    if width == 1:
+        phases = [range(32)]
+    elif load and (all(addrs[n] == addrs[n ^ 1] for n in range(32)) or all(addrs[n] == addrs[n ^ 2] for n in range(32))):
+        phases = [range(0, 16), range(16, 32)]
+    else:
+        phases = [range(p * 8, p * 8 + 8) for p in range(4)]
+    tot = 0
+    for ph in phases:
+        banks = {}
+        for ln in ph:
+            for e in range(width):
+                banks.setdefault((addrs[ln] + e) % 32, set()).add(addrs[ln] + e)
+        tot += max(len(v) for v in banks.values())
+    return tot
+
+
+def smem_cycles(c: G.Cfg) -> dict:
+    """Modelled L1/shared data-path cycles (128 B per cycle) per warp chunk, per kind of access,
+    and in total per 4 KiB of weight bytes (4.2 TB/s = 16 B per cycle per SM at 1.98 GHz leaves
+    256 cycles per 4 KiB)."""
+    NI, SW, SP, OW, CS, PSTR, OB, RB, MO = c.NI, c.SW, c.SP, c.OW, c.CS, c.PSTR, c.OB, c.RB, c.MO
+
+    def pos(t):
+        row, sli = divmod(t, SP)
+        return (row // OW) * 32 + sli * OW + row % OW
+    nl = NI * MO
+    o = {}
+    o["LDG W"] = nl * 4
+    o["STS W"] = nl * max(_cycles([pos((32 * i + ln) // NI) * SW + (ln % NI) * 4 for ln in range(32)], 4, False)
+                          for i in range(nl))
+    o["LDS W"] = nl * max(_cycles([(ln + 32 * m) * SW + 4 * j for ln in range(32)], 4)
+                          for j in range(NI) for m in range(MO))
+    o["LDS X"] = 8 * RB * max(_cycles([(r * CS + g * SP + ln // OW) * 36 + 4 * q for ln in range(32)], 4)
+                              for g in range(c.NG) for q in range(8) for r in range(RB))
+    xq = RB * CS * 8 / c.NW / 32  # X staging instructions per warp
+    o["X stage"] = xq * (4 + 4)
+    o["P + merge"] = RB * MO + CS * (OB * RB / 32) / c.NW
+    tot = sum(o.values())
+    wbytes = 4096 * MO * (0.5 if c.BF16 else 1)
+    o = {k: round(v, 1) for k, v in o.items()}
+    o["per 4KiB"] = round(tot * 4096 / wbytes)
+    return o
 
 
 def compile_cfg(c: G.Cfg, dump: str | None = None):
@@ -158,11 +194,58 @@ def occupancy(c: G.Cfg, regs: int, smem: int):
     return b, b * c.NT * 16 * c.NI * c.PF * c.MO
 
 
+def hot_counts(c: G.Cfg, hot) -> dict:
+    """Instruction mix of the hot loop per chunk (per warp)."""
+    ins = parse(hot["sass"])
+    loop = main_loop(ins)
+    cnt = collections.Counter(classify(op) for _, op, _ in loop)
+    per = {k: v / c.PF for k, v in cnt.items()}
+    ffma = per.get("FFMA", 0)
+    g = lambda *ks: sum(v for k, v in per.items() if any(k.startswith(x) for x in ks))  # noqa: E731
+    return dict(total=len(loop) / c.PF, FFMA=ffma, LDG=g("LDG"), LDS=g("LDS"), STS=g("STS"),
+                int=per.get("int/move", 0), BAR=per.get("BAR", 0), local=g("LOCAL"))
+
+
+def predict(c: G.Cfg, regs: int, smem: int) -> dict:
+    """Steady-state bandwidth model (TB/s of weight bytes): the smaller of DRAM (4.2), the L1/shared
+    data path at 85 % of 128 B/cycle/SM (1.98 GHz), and bytes in flight over a 0.8 µs loaded
+    latency on 132 SMs."""
+    b, fl = occupancy(c, regs, smem)
+    cyc = smem_cycles(c)["per 4KiB"]
+    dp = 4.2 * 256 / cyc * 0.85 if cyc > 0 else 9.9
+    inflight = 132 * fl / 0.8e-6 / 1e12
+    return dict(blocks=b, warps=b * c.NW, inflight_KiB=fl // 1024, cycles_4KiB=cyc,
+                TBps=round(min(4.2, dp, inflight), 2), bound=min((4.2, "DRAM"), (dp, "data path"), (inflight, "in flight"))[1])
+
+
+def table(names):
+    import tools.probe_gemv as P
+    v = P.variants(G)
+    rows = []
+    for n in names or list(v):
+        c = v[n][0]
+        res = compile_cfg(c, "/tmp/gemv_sass")
+        hot = compile_cfg(dataclasses.replace(c, HOT=True), "/tmp/gemv_sass")
+        h = hot_counts(c, hot)
+        pr = predict(c, res["regs"], res["smem"])
+        rows.append((n, c, res, h, pr))
+        print(f"{n:15s} {c.name():28s} regs {res['regs']:3d} spill {res['spill_st']:2d} smem {res['smem'] / 1024:4.1f}K "
+              f"| {pr['blocks']} blk {pr['warps']:2d} warps {pr['inflight_KiB']:3d}K in flight "
+              f"| chunk: {h['total']:5.0f} instr, FFMA {h['FFMA']:4.0f} LDG {h['LDG']:3.0f} LDS {h['LDS']:3.0f} "
+              f"STS {h['STS']:3.0f} int {h['int']:4.0f} BAR {h['BAR']:.0f} local {h['local']:.0f} "
+              f"| smem {pr['cycles_4KiB']:3d}/256 cyc per 4K | {pr['TBps']:.2f} TB/s ({pr['bound']})", flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cfg", nargs="*", default=list(CONFIGS))
     ap.add_argument("--dump", default="/tmp/gemv_sass")
+    ap.add_argument("--table", nargs="*", help="one line per probe variant (all when empty)")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        table(args.table)
+        return 0
     for name in args.cfg:
         c = CONFIGS[name] if name in CONFIGS else eval("G.Cfg(" + name + ")")  # noqa: S307
         try:
@@ -177,7 +260,7 @@ def main(argv=None):
               f"{res['spill_ld']} smem={res['smem']} (model {c.smem_bytes}); hot path (no partial chunk): "
               f"regs={hot['regs']} kernel={len(ins)} instr, loop={len(loop)} instr")
         b, fl = occupancy(c, res["regs"], res["smem"])
-        print(f"   modelled L1/smem wavefronts per 4 KiB of weights: {wavefronts(c):.0f} (budget 256 at 4.2 TB/s)")
+        print(f"   modelled L1/smem cycles per warp chunk: {smem_cycles(c)} (budget 256 per 4 KiB at 4.2 TB/s)")
         print(f"   occupancy: {b} blocks/SM = {b * c.NW} warps/SM; weight bytes in flight/SM = {fl // 1024} KiB")
         ffma = cnt.get("FFMA", 0)
         useful = 32 * c.RB * c.PF * c.MO
