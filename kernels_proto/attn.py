@@ -1,0 +1,905 @@
+"""Query-tiled prime attention and GQA split-KV decode attention, bit-identical to the CPU twin.
+
+The twin (``numba_kernels.cpu.attention`` / ``_attend``) fixes, per (query row r, head h) at
+position ``pos = start + pb[0] + r``: keys in tiles of 64 absolute positions ``[64t, 64t+64)``,
+cut at ``pos``; per tile the scores ``s_j = fmul(dot_rows(q, k_j, D), scale)`` (canonical dot:
+32-term fma chains from +0, slice partials added left to right), the tile max ``mt`` (first score,
+then strictly greater ones in key order), ``p_j = exp32(s_j − mt)``, ``lt = Σ p_j`` left to right
+from +0 and ``a_t[d] = Σ_j fma(p_j, v_j[d], ·)`` in key order from +0; the first tile sets
+(m, l, acc), later ones are merged in tile order with ``merge_scale`` / ``merge_acc``; finally
+``out = acc / l``. Every kernel here performs exactly those float32 operations in that order.
+
+**Blocks own BQ query vectors of one KV head.** A vector v of a block is (row ``r0 + v // G``,
+head ``hb + v % G``): G = 1 gives BQ consecutive rows of one head, G = 8 (bench-8l: hq = 16,
+hkv = 2) gives BQ/8 rows × the 8 heads of a KV head's query group. Each 64-key tile of K and V
+is staged in shared memory once for all BQ vectors, and the two products of a tile are small
+register-tiled GEMMs whose per-element orders are the twin's:
+
+- ``S = Q·Kᵀ`` (BQ × 64): a thread owns TMS × TNS scores; for each 32-wide slice of d it runs
+  the fma chains from +0 (4 d per 128-bit shared load) and then adds the slice partial to its
+  total (the total starts at +0). ``D % 4 != 0`` zero-pads q and k to the next multiple of 4:
+  ``fma(0, 0, p)`` only changes the sign of a zero partial at the very end of the last slice, and
+  ``total + ±0 == total`` since a total that starts at +0 is never −0.
+- row pass (one thread per vector, smem): ``mt`` by the twin's scan, ``p = exp32(s − mt)`` spread
+  over the block, ``lt`` by the twin's left-to-right sum, the merge scalars.
+- ``A_t = P·V`` (BQ × D): a thread owns TMO × TNO outputs, each an fma chain over keys in order;
+  in a tile that is partial for some vector the chain of that vector stops at its last key
+  (a select keeps the old value; nothing is added for masked keys). Columns past D are computed
+  on padding and never stored.
+
+``prime`` kernels loop over a block's tiles and merge in registers (grid: query tiles, longest
+first × head chunks); K_{t+1} streams in (``cp.async``) during the row pass and P·V of tile t,
+V_{t+1} during Q·Kᵀ of tile t+1. ``split`` kernels compute one tile per block and write its
+statistics (mt, lt, a_t); the grid covers the cache's capacity and blocks past the position exit
+at once; ``_merge`` folds the statistics in tile order with the twin's expressions (the running
+max is a sequential scan; the exps of a chunk of tiles run in parallel; the l / acc chains are
+sequential per output). Every K/V tile is read once per KV head for all heads of its group.
+
+Shapes: Q [R, hq·D] (row stride free), kc / vc [capacity, hkv·D], out [R, hq·D]; pb: int32 [1]
+on the device, added to ``start`` (captured decode steps). Prototype: not imported by the
+package (``kernels_proto/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kernels_proto.prims import B, SIMULATED, fma, fmul  # noqa: F401  (fma/fmul: generated code)
+
+from numba import cuda, float32, int32  # noqa: E402
+
+F32 = np.float32
+TILE = 64
+SLICE = 32
+MAX_SMEM = 227 * 1024  # per block, opt-in (H100 / H200)
+
+exp32 = B["exp32"]
+merge_scale = B["merge_scale"]
+merge_acc = B["merge_acc"]
+
+
+# ------------------------------------------------------------------------------------------------
+# memory primitives: 128-bit shared loads, cp.async (global → shared), plain-Python under the simulator
+# ------------------------------------------------------------------------------------------------
+if not SIMULATED:
+    from llvmlite import ir
+    from numba.cuda import cgutils
+    from numba.cuda import types as _t
+    from numba.cuda.extending import intrinsic
+
+    def _ptr(context, builder, arrty, arr, inds):
+        a = context.make_array(arrty)(context, builder, value=arr)
+        i64 = ir.IntType(64)
+        idx = [builder.sext(i, i64) if i.type.width < 64 else i for i in inds]
+        return cgutils.get_item_pointer(context, builder, arrty, a, idx)
+
+    def _vec_load(n):
+        def ld(typingctx, arr, idx):
+            sig = _t.UniTuple(_t.float32, n)(arr, idx)
+
+            def codegen(context, builder, signature, args):
+                p = _ptr(context, builder, signature.args[0], args[0], [args[1]])
+                vt = ir.VectorType(ir.FloatType(), n)
+                v = builder.load(builder.bitcast(p, vt.as_pointer()), align=4 * n)
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(n)])
+
+            return sig, codegen
+        return intrinsic(ld)
+
+    ld4 = _vec_load(4)
+    ld2 = _vec_load(2)
+
+    @intrinsic
+    def ld4g(typingctx, arr, row, col):
+        """(arr[row, col], …, arr[row, col + 3]) in one 128-bit load (16-byte aligned)."""
+        sig = _t.UniTuple(_t.float32, 4)(arr, row, col)
+
+        def codegen(context, builder, signature, args):
+            p = _ptr(context, builder, signature.args[0], args[0], [args[1], args[2]])
+            vt = ir.VectorType(ir.FloatType(), 4)
+            v = builder.load(builder.bitcast(p, vt.as_pointer()), align=16)
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def st4(typingctx, arr, idx, a, b, c, d):
+        """arr[idx : idx + 4] = (a, b, c, d) in one 128-bit store (idx % 4 == 0)."""
+        sig = _t.void(arr, idx, a, b, c, d)
+
+        def codegen(context, builder, signature, args):
+            p = _ptr(context, builder, signature.args[0], args[0], [args[1]])
+            vt = ir.VectorType(ir.FloatType(), 4)
+            v = ir.Constant(vt, ir.Undefined)
+            for k in range(4):
+                x = context.cast(builder, args[2 + k], signature.args[2 + k], _t.float32)
+                v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), k))
+            builder.store(v, builder.bitcast(p, vt.as_pointer()), align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _cp_async(nbytes):
+        kind = "cg" if nbytes == 16 else "ca"
+
+        def cp(typingctx, dst, di, src, row, col):
+            sig = _t.void(dst, di, src, row, col)
+
+            def codegen(context, builder, signature, args):
+                d = _ptr(context, builder, signature.args[0], args[0], [args[1]])
+                s = _ptr(context, builder, signature.args[2], args[2], [args[3], args[4]])
+                d32 = builder.ptrtoint(builder.addrspacecast(d, ir.PointerType(ir.FloatType(), 3)), ir.IntType(32))
+                s64 = builder.ptrtoint(builder.addrspacecast(s, ir.PointerType(ir.FloatType(), 1)), ir.IntType(64))
+                fn = ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(64)])
+                asm = ir.InlineAsm(fn, f"cp.async.{kind}.shared.global [$0], [$1], {nbytes};", "r,l,~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [d32, s64])
+                return context.get_dummy_value()
+
+            return sig, codegen
+        return intrinsic(cp)
+
+    cp16 = _cp_async(16)
+    cp4 = _cp_async(4)
+
+    def _asm0(text):
+        def f(typingctx):
+            sig = _t.void()
+
+            def codegen(context, builder, signature, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+        return intrinsic(f)
+
+    cp_commit = _asm0("cp.async.commit_group;")
+    cp_wait1 = _asm0("cp.async.wait_group 1;")
+    cp_wait0 = _asm0("cp.async.wait_group 0;")
+else:
+    # The simulator runs each thread in Python: the same loads and stores, done at once.
+    def ld4(a, i):
+        return a[i], a[i + 1], a[i + 2], a[i + 3]
+
+    def ld2(a, i):
+        return a[i], a[i + 1]
+
+    def ld4g(a, r, c):
+        return a[r, c], a[r, c + 1], a[r, c + 2], a[r, c + 3]
+
+    def st4(a, i, x, y, z, w):
+        a[i] = x
+        a[i + 1] = y
+        a[i + 2] = z
+        a[i + 3] = w
+
+    def cp16(d, i, s, r, c):
+        for k in range(4):
+            d[i + k] = s[r, c + k]
+
+    def cp4(d, i, s, r, c):
+        d[i] = s[r, c]
+
+    def cp_commit():
+        pass
+
+    def cp_wait1():
+        pass
+
+    def cp_wait0():
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# configurations
+# ------------------------------------------------------------------------------------------------
+def _ru(x, m):
+    return (x + m - 1) // m * m
+
+
+@dataclass(frozen=True)
+class Cfg:
+    """One kernel configuration. BQ vectors (RB = BQ // G rows × G heads) per block, NT threads.
+
+    Q·Kᵀ: a thread owns TMS rows × TNS keys; a warp's lanes are WSY × WSX (WSY·WSX = 32); thread
+    rows are ``wbase + ly + WSY·a``, keys ``kbase + lx + WSX·b`` (interleaved: conflict-free
+    128-bit loads). P·V: a thread owns TMO rows × TNO columns in groups of min(4, ·) consecutive
+    (128-bit loads of P (stored [key][vector]) and V), lanes WOY × WOX.
+    ``mode``: "prime" or "split". ``cpa``: cp.async staging (else synchronous loads).
+    ``kv_shared`` (split only): V reuses K's buffer (smaller footprint, more blocks per SM)."""
+    mode: str
+    D: int
+    BQ: int
+    NT: int
+    G: int
+    TMS: int
+    TNS: int
+    WSY: int
+    TMO: int
+    TNO: int
+    WOY: int
+    vec: bool = True
+    cpa: bool = True
+    kv_shared: bool = False
+    name: str = ""
+
+    # derived ------------------------------------------------------------------------------
+    @property
+    def RB(self):
+        return self.BQ // self.G
+
+    @property
+    def WSX(self):
+        return 32 // self.WSY
+
+    @property
+    def WOX(self):
+        return 32 // self.WOY
+
+    @property
+    def DQ(self):  # q / k columns in shared memory (zero padded to 4)
+        return _ru(self.D, 4)
+
+    @property
+    def DP(self):  # row stride of Qs / Ks
+        return self.DQ + 4
+
+    @property
+    def DPV(self):  # P·V columns computed (≥ D; the rest is padding)
+        return (self.NT // 32) // (self.BQ // (self.WOY * self.TMO)) * self.WOX * self.TNO
+
+    @property
+    def VP(self):  # row stride of Vs
+        return max(self.DPV, self.DQ) + 4
+
+    @property
+    def PS(self):  # row stride of Ss / Ps ([key][vector])
+        return self.BQ + 4
+
+    def layout(self):
+        """Offsets (floats) of Qs, Ks, Vs, Ss in the dynamic shared array, and its size in bytes."""
+        qs = 0
+        ks = qs + self.BQ * self.DP
+        vs = ks + TILE * self.DP if not self.kv_shared else ks
+        kvlen = max(TILE * self.DP, TILE * self.VP)
+        ss = (vs + TILE * self.VP) if not self.kv_shared else ks + kvlen
+        n = ss + TILE * self.PS
+        return qs, ks, vs, ss, 4 * n
+
+    def check(self):
+        assert self.mode in ("prime", "split")
+        assert self.BQ % self.G == 0 and self.NT % 32 == 0
+        nw = self.NT // 32
+        # Q·Kᵀ warp grid
+        wr, wk = self.WSY * self.TMS, self.WSX * self.TNS
+        assert self.BQ % wr == 0 and TILE % wk == 0 and (self.BQ // wr) * (TILE // wk) == nw, self
+        # P·V warp grid
+        orow = self.WOY * self.TMO
+        assert self.BQ % orow == 0 and nw % (self.BQ // orow) == 0, self
+        assert self.TMO in (1, 2, 4, 8) or self.TMO % 4 == 0
+        assert self.TNO in (1, 2) or self.TNO % 4 == 0
+        assert self.DPV >= self.D, (self, self.DPV)
+        assert not (self.kv_shared and self.mode == "prime")
+        assert not (self.vec and self.D % 4)
+        assert self.BQ <= self.NT  # one row-pass thread per vector
+        return self
+
+
+def _pv_shape(D, BQ, NT, TMO, WOY):
+    """TNO so that the P·V grid covers D columns: warps along rows × along columns."""
+    nw = NT // 32
+    wr = BQ // (WOY * TMO)
+    wc = nw // wr
+    per = wc * (32 // WOY)  # column groups
+    tno = -(-D // per)
+    if tno > 2:
+        tno = _ru(tno, 4)
+    return tno
+
+
+def make_cfg(mode, D, BQ, NT, G, TMS, TNS, WSY, TMO, WOY, **kw):
+    tno = _pv_shape(D, BQ, NT, TMO, WOY)
+    return Cfg(mode, D, BQ, NT, G, TMS, TNS, WSY, TMO, tno, WOY, **kw).check()
+
+
+# The menu. Prime: 64 vectors × 256 threads (Q·Kᵀ 4×4, P·V 8×8 per thread at D = 256).
+PRIME = {
+    "p64": dict(BQ=64, NT=256, G=1, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+    "p64g8": dict(BQ=64, NT=256, G=8, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+    "p64s2": dict(BQ=64, NT=256, G=1, TMS=4, TNS=4, WSY=2, TMO=8, WOY=4),  # lanes 2×16 for Q·Kᵀ
+    "p32": dict(BQ=32, NT=128, G=1, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+}
+# Split (decode): by the number of vectors per KV head (R · hq / hkv).
+SPLIT = {
+    "s8": dict(BQ=8, NT=128, TMS=4, TNS=1, WSY=2, TMO=8, WOY=1),
+    "s16": dict(BQ=16, NT=128, TMS=4, TNS=2, WSY=4, TMO=4, WOY=4),
+    "s32": dict(BQ=32, NT=128, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+    "s64": dict(BQ=64, NT=256, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# code generation
+# ------------------------------------------------------------------------------------------------
+def _lines(*parts):
+    out = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            out.extend(p)
+    return out
+
+
+def _ind(lines, n):
+    return ["    " * n + ln if ln else ln for ln in lines]
+
+
+def _loader(c, buf, arr, kstart, nk, ko, stride):
+    """Stage rows kstart .. kstart + nk − 1 of arr[:, ko : ko + D] at sm[buf + j·stride]."""
+    D = c.D
+    if c.vec:
+        cpr = D // 4
+        op = f"cp16(sm, {buf} + j * {stride} + 4 * cc, {arr}, {kstart} + j, {ko} + 4 * cc)" if c.cpa else \
+            f"x0, x1, x2, x3 = ld4g({arr}, {kstart} + j, {ko} + 4 * cc)\n" \
+            f"st4(sm, {buf} + j * {stride} + 4 * cc, x0, x1, x2, x3)"
+        body = [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
+                f"    j = e // {cpr}",
+                f"    cc = e - j * {cpr}"]
+    else:
+        cpr = D
+        op = f"cp4(sm, {buf} + j * {stride} + cc, {arr}, {kstart} + j, {ko} + cc)" if c.cpa else \
+            f"sm[{buf} + j * {stride} + cc] = {arr}[{kstart} + j, {ko} + cc]"
+        body = [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
+                f"    j = e // {cpr}",
+                f"    cc = e - j * {cpr}"]
+    return body + ["    " + ln for ln in op.split("\n")]
+
+
+def _qk(c, QS, KS):
+    """Scores of the thread's TMS × TNS (vector, key) pairs into t{a}_{b} (canonical dot)."""
+    L = []
+    TMS, TNS = c.TMS, c.TNS
+    for a in range(TMS):
+        for b in range(TNS):
+            L.append(f"t{a}_{b} = F0")
+    nfull, rem = divmod(c.DQ, SLICE)
+
+    def steps(db, nsteps):
+        S = []
+        for a in range(TMS):
+            for b in range(TNS):
+                S.append(f"p{a}_{b} = F0")
+        for k in range(nsteps):
+            for a in range(TMS):
+                S.append(f"q{a}_0, q{a}_1, q{a}_2, q{a}_3 = ld4(sm, qb{a} + {db} + {4 * k})")
+            for b in range(TNS):
+                S.append(f"k{b}_0, k{b}_1, k{b}_2, k{b}_3 = ld4(sm, kb{b} + {db} + {4 * k})")
+            for e in range(4):
+                for a in range(TMS):
+                    for b in range(TNS):
+                        S.append(f"p{a}_{b} = fma(q{a}_{e}, k{b}_{e}, p{a}_{b})")
+        for a in range(TMS):
+            for b in range(TNS):
+                S.append(f"t{a}_{b} = t{a}_{b} + p{a}_{b}")
+        return S
+
+    if nfull:
+        L.append(f"for sl in range({nfull}):")
+        L += _ind(steps(f"sl * {SLICE}", SLICE // 4), 1)
+    if rem:
+        L += steps(str(nfull * SLICE), rem // 4)
+    return L
+
+
+def _pv_loads(c, jexpr, SS, VS):
+    L = []
+    gp, gv = min(4, c.TMO), min(4, c.TNO)
+    for g in range(c.TMO // gp):
+        names = ", ".join(f"pp{g * gp + e}" for e in range(gp))
+        if gp == 4:
+            L.append(f"{names} = ld4(sm, pb{g} + ({jexpr}) * {c.PS})")
+        elif gp == 2:
+            L.append(f"{names} = ld2(sm, pb{g} + ({jexpr}) * {c.PS})")
+        else:
+            L.append(f"{names} = sm[pb{g} + ({jexpr}) * {c.PS}]")
+    for g in range(c.TNO // gv):
+        names = ", ".join(f"vv{g * gv + e}" for e in range(gv))
+        if gv == 4:
+            L.append(f"{names} = ld4(sm, vb{g} + ({jexpr}) * {c.VP})")
+        elif gv == 2:
+            L.append(f"{names} = ld2(sm, vb{g} + ({jexpr}) * {c.VP})")
+        else:
+            L.append(f"{names} = sm[vb{g} + ({jexpr}) * {c.VP}]")
+    return L
+
+
+def _pv(c, SS, VS, unroll=2):
+    """o{a}_{b} = Σ_j fma(p[row a, j], v[j, col b], ·) over the tile's keys, in key order; masked
+    rows (j ≥ n of their vector) keep their value."""
+    TMO, TNO = c.TMO, c.TNO
+    L = [f"o{a}_{b} = F0" for a in range(TMO) for b in range(TNO)]
+    full = []
+    for u in range(unroll):
+        full += _pv_loads(c, f"j + {u}", SS, VS)
+        for a in range(TMO):
+            for b in range(TNO):
+                full.append(f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b})")
+    masked = _pv_loads(c, "j", SS, VS)
+    for a in range(TMO):
+        masked.append(f"ok{a} = j < n{a}")
+    for a in range(TMO):
+        for b in range(TNO):
+            masked.append(f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b}) if ok{a} else o{a}_{b}")
+    L.append("if full:")
+    L.append(f"    for j in range(0, {TILE}, {unroll}):")
+    L += _ind(full, 2)
+    L.append("else:")
+    L += _ind([f"n{a} = Nv[orow{a}]" for a in range(TMO)], 1)
+    L.append("    for j in range(jmax):")
+    L += _ind(masked, 2)
+    return L
+
+
+def source(c: Cfg) -> str:
+    """The kernel's Python source for configuration c (all constants folded in)."""
+    c.check()
+    QS, KS, VS, SS, _ = c.layout()
+    nw = c.NT // 32
+    # Q·Kᵀ thread coordinates
+    wgr = c.BQ // (c.WSY * c.TMS)  # warps along vectors
+    # P·V thread coordinates
+    wor = c.BQ // (c.WOY * c.TMO)
+    woc = nw // wor
+    gp, gv = min(4, c.TMO), min(4, c.TNO)
+
+    head = [
+        "lane = tid % 32",
+        "warp = tid // 32",
+        # Q·Kᵀ
+        f"sy = (warp % {wgr}) * {c.WSY * c.TMS} + lane // {c.WSX}",
+        f"sx = (warp // {wgr}) * {c.WSX * c.TNS} + lane % {c.WSX}",
+    ]
+    head += [f"qb{a} = {QS} + (sy + {c.WSY * a}) * {c.DP}" for a in range(c.TMS)]
+    head += [f"kb{b} = {KS} + (sx + {c.WSX * b}) * {c.DP}" for b in range(c.TNS)]
+    head += [f"srow{a} = sy + {c.WSY * a}" for a in range(c.TMS)]
+    head += [f"skey{b} = sx + {c.WSX * b}" for b in range(c.TNS)]
+    # P·V
+    head += [f"oy = (warp % {wor}) * {c.WOY * c.TMO} + (lane // {c.WOX}) * {gp}",
+             f"ox = (warp // {wor}) * {c.WOX * c.TNO} + (lane % {c.WOX}) * {gv}"]
+    head += [f"orow{g * gp + e} = oy + {g * c.WOY * gp + e}" for g in range(c.TMO // gp) for e in range(gp)]
+    head += [f"ocol{g * gv + e} = ox + {g * c.WOX * gv + e}" for g in range(c.TNO // gv) for e in range(gv)]
+    head += [f"pb{g} = {SS} + oy + {g * c.WOY * gp}" for g in range(c.TMO // gp)]
+    head += [f"vb{g} = {VS} + ox + {g * c.WOX * gv}" for g in range(c.TNO // gv)]
+    _ = woc
+
+    # Q: vectors v < nr·G are (r0 + v // G, hb + v % G); the others are zeros (never stored)
+    if c.vec:
+        qload = [f"for e in range(tid, {c.BQ * (c.D // 4)}, {c.NT}):",
+                 f"    v = e // {c.D // 4}",
+                 f"    cc = e - v * {c.D // 4}",
+                 f"    if v < nv:",
+                 (f"        cp16(sm, {QS} + v * {c.DP} + 4 * cc, Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + 4 * cc)"
+                  if c.cpa else
+                  f"        x0, x1, x2, x3 = ld4g(Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + 4 * cc)\n"
+                  f"        st4(sm, {QS} + v * {c.DP} + 4 * cc, x0, x1, x2, x3)"),
+                 f"    else:",
+                 f"        st4(sm, {QS} + v * {c.DP} + 4 * cc, F0, F0, F0, F0)"]
+    else:
+        qload = [f"for e in range(tid, {c.BQ * c.D}, {c.NT}):",
+                 f"    v = e // {c.D}",
+                 f"    cc = e - v * {c.D}",
+                 f"    if v < nv:",
+                 (f"        cp4(sm, {QS} + v * {c.DP} + cc, Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + cc)"
+                  if c.cpa else
+                  f"        sm[{QS} + v * {c.DP} + cc] = Q[r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + cc]"),
+                 f"    else:",
+                 f"        sm[{QS} + v * {c.DP} + cc] = F0"]
+    qload = [ln for item in qload for ln in item.split("\n")]
+    if c.DQ > c.D:  # zero pad columns of Qs and Ks (never written by the loaders)
+        npad = c.DQ - c.D
+        qload += [f"for e in range(tid, {(c.BQ + TILE) * npad}, {c.NT}):",
+                  f"    v = e // {npad}",
+                  f"    sm[{QS} + v * {c.DP} + {c.D} + e - v * {npad}] = F0"]
+        # rows BQ.. of Qs are the rows of Ks (KS == QS + BQ·DP)
+        assert KS == QS + c.BQ * c.DP
+
+    store_s = []
+    for a in range(c.TMS):
+        for b in range(c.TNS):
+            store_s.append(f"sm[{SS} + skey{b} * {c.PS} + srow{a}] = fmul(t{a}_{b}, scale)")
+
+    row_a = [  # tile max by the twin's scan; one thread per vector
+        f"if tid < {c.BQ}:",
+        f"    n = min({TILE}, p0 + r0 + tid // {c.G} + 1 - k0) if tid < nv else 0",
+        "    Nv[tid] = n",
+        "    if n > 0:",
+        f"        mt = sm[{SS} + tid]",
+        "        for j in range(1, n):",
+        f"            x = sm[{SS} + j * {c.PS} + tid]",
+        "            if x > mt:",
+        "                mt = x",
+        "        Ms[tid] = mt",
+    ]
+    row_b = [  # p = exp32(s − mt), in place
+        f"for e in range(tid, {c.BQ * TILE}, {c.NT}):",
+        f"    j = e // {c.BQ}",
+        f"    v = e - j * {c.BQ}",
+        "    if j < Nv[v]:",
+        f"        sm[{SS} + j * {c.PS} + v] = exp32(sm[{SS} + j * {c.PS} + v] - Ms[v])",
+    ]
+    row_c_sum = [
+        "    n = Nv[tid]",
+        "    if n > 0:",
+        "        lt = F0",
+        "        for j in range(n):",
+        f"            lt = lt + sm[{SS} + j * {c.PS} + tid]",
+    ]
+
+    loadK = lambda kst: _loader(c, KS, "kc", kst, f"min({TILE}, pmax + 1 - ({kst}))", "ko", c.DP)  # noqa: E731
+    loadV = lambda kst: _loader(c, VS, "vc", kst, f"min({TILE}, pmax + 1 - ({kst}))", "ko", c.VP)  # noqa: E731
+
+    TMO, TNO = c.TMO, c.TNO
+    if c.mode == "prime":
+        sig = "def kernel(Q, kc, vc, out, start, pb, R, hq, hkv, scale):"
+        setup = [
+            "qt = cuda.gridDim.x - 1 - cuda.blockIdx.x",
+            f"hb = cuda.blockIdx.y * {c.G}",
+            f"r0 = qt * {c.RB}",
+        ]
+        body = _lines(
+            sig,
+            _ind(_lines(
+                "sm = cuda.shared.array(0, float32)",
+                f"Ms = cuda.shared.array({c.BQ}, float32)",
+                f"Al = cuda.shared.array({c.BQ}, float32)",
+                f"Be = cuda.shared.array({c.BQ}, float32)",
+                f"Ls = cuda.shared.array({c.BQ}, float32)",
+                f"Nv = cuda.shared.array({c.BQ}, int32)",
+                "tid = cuda.threadIdx.x",
+                setup,
+                "kvh = hb // (hq // hkv)",
+                f"ko = kvh * {c.D}",
+                "p0 = start + pb[0]",
+                f"nr = min({c.RB}, R - r0)",
+                f"nv = nr * {c.G}",
+                "pmin = p0 + r0",
+                "pmax = pmin + nr - 1",
+                head,
+                qload,
+                loadK("0"),
+                "cp_commit()",
+                loadV("0"),
+                "cp_commit()",
+                "m = F0",
+                "l = F0",
+                [f"c{a}_{b} = F0" for a in range(TMO) for b in range(TNO)],
+                f"ntl = pmax // {TILE} + 1",
+                "for t in range(ntl):",
+                _ind(_lines(
+                    f"k0 = t * {TILE}",
+                    "cp_wait1()",
+                    "cuda.syncthreads()",
+                    _qk(c, QS, KS),
+                    store_s,
+                    "cuda.syncthreads()",
+                    "if t + 1 < ntl:",
+                    _ind(loadK(f"k0 + {TILE}"), 1),
+                    "cp_commit()",
+                    row_a,
+                    "cuda.syncthreads()",
+                    row_b,
+                    "cuda.syncthreads()",
+                    f"if tid < {c.BQ}:",
+                    row_c_sum,
+                    "        if t == 0:",
+                    "            m = Ms[tid]",
+                    "            l = lt",
+                    "        else:",
+                    "            m, alpha, beta = merge_scale(m, Ms[tid])",
+                    "            l = merge_acc(l, alpha, lt, beta)",
+                    "            Al[tid] = alpha",
+                    "            Be[tid] = beta",
+                    "cp_wait1()",
+                    "cuda.syncthreads()",
+                    f"full = k0 + {TILE - 1} <= pmin",
+                    f"jmax = min({TILE}, pmax + 1 - k0)",
+                    _pv(c, SS, VS),
+                    [ln for a in range(TMO) for ln in (
+                        [f"if Nv[orow{a}] > 0:",
+                         "    if t == 0:"]
+                        + [f"        c{a}_{b} = o{a}_{b}" for b in range(TNO)]
+                        + ["    else:",
+                           f"        al = Al[orow{a}]",
+                           f"        be = Be[orow{a}]"]
+                        + [f"        c{a}_{b} = merge_acc(c{a}_{b}, al, o{a}_{b}, be)" for b in range(TNO)])],
+                    "cuda.syncthreads()",
+                    "if t + 1 < ntl:",
+                    _ind(loadV(f"k0 + {TILE}"), 1),
+                    "cp_commit()",
+                ), 1),
+                "cp_wait0()",
+                f"if tid < {c.BQ}:",
+                "    Ls[tid] = l",
+                "cuda.syncthreads()",
+                [ln for a in range(TMO) for ln in (
+                    [f"if orow{a} < nv:",
+                     f"    ra = r0 + orow{a} // {c.G}",
+                     f"    oa = (hb + orow{a} % {c.G}) * {c.D}",
+                     f"    la = Ls[orow{a}]"]
+                    + [ln2 for b in range(TNO) for ln2 in (
+                        [f"    if ocol{b} < {c.D}:",
+                         f"        out[ra, oa + ocol{b}] = c{a}_{b} / la"])])],
+            ), 1),
+        )
+    else:  # split: one tile per block, statistics out
+        sig = "def kernel(Q, kc, vc, start, pb, R, hq, hkv, scale, ML, A):"
+        body = _lines(
+            sig,
+            _ind(_lines(
+                "t = cuda.blockIdx.x",
+                f"hb = cuda.blockIdx.y * {c.G}",
+                f"r0 = cuda.blockIdx.z * {c.RB}",
+                "p0 = start + pb[0]",
+                f"nr = min({c.RB}, R - r0)",
+                "pmin = p0 + r0",
+                "pmax = pmin + nr - 1",
+                f"k0 = t * {TILE}",
+                "if k0 > pmax:",
+                "    return",
+                "sm = cuda.shared.array(0, float32)",
+                f"Ms = cuda.shared.array({c.BQ}, float32)",
+                f"Nv = cuda.shared.array({c.BQ}, int32)",
+                "tid = cuda.threadIdx.x",
+                "kvh = hb // (hq // hkv)",
+                f"ko = kvh * {c.D}",
+                f"nv = nr * {c.G}",
+                head,
+                qload,
+                loadK("k0"),
+                "cp_commit()",
+                ([] if c.kv_shared else loadV("k0")),
+                "cp_commit()",
+                "cp_wait1()",
+                "cuda.syncthreads()",
+                _qk(c, QS, KS),
+                store_s,
+                "cuda.syncthreads()",
+                (_lines(loadV("k0"), "cp_commit()") if c.kv_shared else []),
+                row_a,
+                "cuda.syncthreads()",
+                row_b,
+                "cuda.syncthreads()",
+                f"if tid < {c.BQ}:",
+                row_c_sum,
+                f"        vg = (r0 + tid // {c.G}) * hq + hb + tid % {c.G}",
+                "        ML[vg, t, 0] = Ms[tid]",
+                "        ML[vg, t, 1] = lt",
+                "cp_wait0()",
+                "cuda.syncthreads()",
+                f"full = k0 + {TILE - 1} <= pmin",
+                f"jmax = min({TILE}, pmax + 1 - k0)",
+                _pv(c, SS, VS),
+                [ln for a in range(TMO) for ln in (
+                    [f"if Nv[orow{a}] > 0:",
+                     f"    vg = (r0 + orow{a} // {c.G}) * hq + hb + orow{a} % {c.G}"]
+                    + [ln2 for b in range(TNO) for ln2 in (
+                        [f"    if ocol{b} < {c.D}:",
+                         f"        A[vg, t, ocol{b}] = o{a}_{b}"])])],
+            ), 1),
+        )
+    return "\n".join(body) + "\n"
+
+
+_NS = dict(cuda=cuda, float32=float32, int32=int32, F0=F32(0.0), fma=fma, fmul=fmul, exp32=exp32,
+           merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld4g=ld4g, st4=st4, cp16=cp16,
+           cp4=cp4, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
+
+
+def pyfunc(c: Cfg):
+    ns = dict(_NS)
+    src = source(c)
+    exec(compile(src, f"<attn {c.mode} {c.name or ''} D{c.D}>", "exec"), ns)
+    return ns["kernel"]
+
+
+_KERNELS: dict = {}
+
+
+def kernel(c: Cfg):
+    """The compiled kernel (``cuda.jit`` dispatcher) and its dynamic shared memory bytes."""
+    k = _KERNELS.get(c)
+    if k is None:
+        k = _KERNELS[c] = (cuda.jit(pyfunc(c)), c.layout()[4])
+    return k
+
+
+# ------------------------------------------------------------------------------------------------
+# the ordered merge of split statistics
+# ------------------------------------------------------------------------------------------------
+MERGE_NT = 64
+MERGE_CH = 128
+
+
+@cuda.jit
+def _merge_k(ML, A, out, start, pb, D):
+    """Fold tiles 0 .. pos // 64 of (row r, head h) in order; block y·64 .. y·64 + 63 of the d's.
+    ML [R·hq, tiles, 2] (mt, lt), A [R·hq, tiles, D] (a_t); out [R, hq·D]."""
+    r = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    hq = cuda.gridDim.y
+    d = cuda.blockIdx.z * MERGE_NT + cuda.threadIdx.x
+    tid = cuda.threadIdx.x
+    vg = r * hq + h
+    ntl = (start + pb[0] + r) // TILE + 1
+    Mo = cuda.shared.array(MERGE_CH, float32)
+    Mn = cuda.shared.array(MERGE_CH, float32)
+    Mt = cuda.shared.array(MERGE_CH, float32)
+    Al = cuda.shared.array(MERGE_CH, float32)
+    Be = cuda.shared.array(MERGE_CH, float32)
+    Lt = cuda.shared.array(1, float32)
+    m = ML[vg, 0, 0]
+    l = ML[vg, 0, 1]
+    dd = d if d < D else D - 1
+    acc = A[vg, 0, dd]
+    c0 = 1
+    while c0 < ntl:
+        c1 = min(c0 + MERGE_CH, ntl)
+        for t in range(c0 + tid, c1, MERGE_NT):
+            Mt[t - c0] = ML[vg, t, 0]
+        cuda.syncthreads()
+        if tid == 0:  # the running max, exactly merge_scale's
+            for t in range(c0, c1):
+                mt = Mt[t - c0]
+                mn = m if m >= mt else mt
+                Mo[t - c0] = m
+                Mn[t - c0] = mn
+                m = mn
+        cuda.syncthreads()
+        for t in range(c0 + tid, c1, MERGE_NT):
+            Al[t - c0] = exp32(Mo[t - c0] - Mn[t - c0])
+            Be[t - c0] = exp32(Mt[t - c0] - Mn[t - c0])
+        cuda.syncthreads()
+        if tid == 0:
+            for t in range(c0, c1):
+                l = merge_acc(l, Al[t - c0], ML[vg, t, 1], Be[t - c0])
+        for t in range(c0, c1):
+            acc = merge_acc(acc, Al[t - c0], A[vg, t, dd], Be[t - c0])
+        cuda.syncthreads()
+        c0 = c1
+    if tid == 0:
+        Lt[0] = l
+    cuda.syncthreads()
+    if d < D:
+        out[r, h * D + d] = acc / Lt[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# host side
+# ------------------------------------------------------------------------------------------------
+_POS: dict = {}
+_STATS: dict = {}
+_OPTED: set = set()
+
+
+def zero_pos():
+    z = _POS.get("zero")
+    if z is None:
+        z = _POS["zero"] = cuda.to_device(np.zeros(1, np.int32))
+    return z
+
+
+def _aligned(*arrs):
+    """Every row of every array starts on 16 bytes (vector loads / 16-byte cp.async)."""
+    if SIMULATED:
+        return True
+    for a in arrs:
+        ptr = a.__cuda_array_interface__["data"][0]
+        if ptr % 16 or (a.strides[0] % 16):
+            return False
+    return True
+
+
+def _launch(disp, smem, grid, block, args):
+    """Launch with ``smem`` bytes of dynamic shared memory (opting in above 48 KB once)."""
+    if SIMULATED:
+        disp[grid, block, 0, smem](*args)
+        return
+    if smem > 48 * 1024:
+        key = (id(disp), smem)
+        if key not in _OPTED:
+            disp.compile(tuple(disp.typeof_pyval(a) for a in args))
+            from numba.cuda.cudadrv.driver import binding, driver
+            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            for ov in disp.overloads.values():
+                f = ov._codelibrary.get_cufunc()
+                driver.cuKernelSetAttribute(attr, smem, f.handle, f.device.id)
+            _OPTED.add(key)
+    disp[grid, block, 0, smem](*args)
+
+
+def prime_cfg(D, variant="p64", **kw):
+    p = dict(PRIME[variant])
+    p.update(kw)
+    return make_cfg("prime", D, name=variant, **p)
+
+
+def split_cfg(D, variant, G, **kw):
+    p = dict(SPLIT[variant])
+    p.update(kw)
+    return make_cfg("split", D, G=G, name=variant, **p)
+
+
+def _group(rep, BQ):
+    """Heads per block: the largest divisor of rep that is ≤ BQ."""
+    for g in range(min(rep, BQ), 0, -1):
+        if rep % g == 0:
+            return g
+    return 1
+
+
+def attention_prime(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, variant="p64", **kw):
+    """Causal GQA attention for R query rows at positions start (+ pos[0]) .. by query tiles.
+    Q [R, hq·D]; kc, vc [capacity, hkv·D]; out [R, hq·D]."""
+    rep = hq // hkv
+    G = PRIME[variant]["G"]
+    if rep % G:
+        G = _group(rep, PRIME[variant]["BQ"])
+    c = prime_cfg(D, variant, G=G, vec=D % 4 == 0 and _aligned(Q, kc, vc), **kw)
+    disp, smem = kernel(c)
+    grid = ((R + c.RB - 1) // c.RB, hq // G)
+    _launch(disp, smem, grid, c.NT, (Q, kc, vc, out, np.int64(start), zero_pos() if pos is None else pos,
+                                     np.int64(R), np.int64(hq), np.int64(hkv), F32(scale)))
+
+
+def split_variant(R, rep):
+    nq = R * rep
+    for v in ("s8", "s16", "s32", "s64"):
+        if nq <= SPLIT[v]["BQ"]:
+            return v
+    return "s64"
+
+
+def stats_buffers(R, hq, ntiles, D):
+    need = R * hq * ntiles
+    ml, a = _STATS.get("ml"), _STATS.get("a")
+    if ml is None or ml.size < need * 2 or a.size < need * D:
+        ml = _STATS["ml"] = cuda.device_array(max(need * 2, 1 << 12), np.float32)
+        a = _STATS["a"] = cuda.device_array(max(need * D, 1 << 16), np.float32)
+    return ml[: need * 2].reshape(R * hq, ntiles, 2), a[: need * D].reshape(R * hq, ntiles, D)
+
+
+def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, variant=None, **kw):
+    """Few rows (decode, verify): one block per (64-key tile, KV head, chunk of the vectors) writes
+    the tile's statistics for all heads of the group, then ``_merge_k`` folds them in tile order.
+    With ``pos`` the grid covers the cache's capacity; tiles past the position exit at once."""
+    rep = hq // hkv
+    variant = variant or split_variant(R, rep)
+    BQ = SPLIT[variant]["BQ"]
+    G = _group(rep, BQ)
+    c = split_cfg(D, variant, G, vec=D % 4 == 0 and _aligned(Q, kc, vc), **kw)
+    disp, smem = kernel(c)
+    ntiles = (start + R - 1) // TILE + 1 if pos is None else (kc.shape[0] - 1) // TILE + 1
+    ML, A = stats_buffers(R, hq, ntiles, D)
+    pb = zero_pos() if pos is None else pos
+    grid = (ntiles, hq // G, (R + c.RB - 1) // c.RB)
+    _launch(disp, smem, grid, c.NT, (Q, kc, vc, np.int64(start), pb, np.int64(R), np.int64(hq), np.int64(hkv),
+                                     F32(scale), ML, A))
+    _merge_k[(R, hq, (D + MERGE_NT - 1) // MERGE_NT), MERGE_NT](ML, A, out, np.int64(start), pb, np.int64(D))
+
+
+SPLIT_MAX_ROWS = 16
+
+
+def attention(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """Few rows: split-KV; many rows: query tiles."""
+    if R <= SPLIT_MAX_ROWS:
+        attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos)
+    else:
+        attention_prime(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos)
