@@ -43,6 +43,7 @@ package (``kernels_proto/__init__.py``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -92,6 +93,28 @@ if not SIMULATED:
 
     ld4 = _vec_load(4)
     ld2 = _vec_load(2)
+
+    @intrinsic
+    def ld1(typingctx, arr, idx):
+        """arr[idx] without Python's negative-index wraparound (so base + constant folds)."""
+        sig = arr.dtype(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            return builder.load(_ptr(context, builder, signature.args[0], args[0], [args[1]]))
+
+        return sig, codegen
+
+    @intrinsic
+    def st1(typingctx, arr, idx, val):
+        """arr[idx] = val without wraparound."""
+        sig = _t.void(arr, idx, val)
+
+        def codegen(context, builder, signature, args):
+            x = context.cast(builder, args[2], signature.args[2], signature.args[0].dtype)
+            builder.store(x, _ptr(context, builder, signature.args[0], args[0], [args[1]]))
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     @intrinsic
     def ld4g(typingctx, arr, row, col):
@@ -170,6 +193,12 @@ else:
     def ld2(a, i):
         return a[i], a[i + 1]
 
+    def ld1(a, i):
+        return a[i]
+
+    def st1(a, i, x):
+        a[i] = x
+
     def ld4g(a, r, c):
         return a[r, c], a[r, c + 1], a[r, c + 2], a[r, c + 3]
 
@@ -205,14 +234,17 @@ def _ru(x, m):
 
 @dataclass(frozen=True)
 class Cfg:
-    """One kernel configuration. BQ vectors (RB = BQ // G rows × G heads) per block, NT threads.
+    """One kernel configuration: BQ vectors (RB = BQ // G rows × G heads) per block, NT threads.
 
-    Q·Kᵀ: a thread owns TMS rows × TNS keys; a warp's lanes are WSY × WSX (WSY·WSX = 32); thread
-    rows are ``wbase + ly + WSY·a``, keys ``kbase + lx + WSX·b`` (interleaved: conflict-free
-    128-bit loads). P·V: a thread owns TMO rows × TNO columns in groups of min(4, ·) consecutive
-    (128-bit loads of P (stored [key][vector]) and V), lanes WOY × WOX.
-    ``mode``: "prime" or "split". ``cpa``: cp.async staging (else synchronous loads).
-    ``kv_shared`` (split only): V reuses K's buffer (smaller footprint, more blocks per SM)."""
+    Q·Kᵀ: a thread owns TMS vectors × TNS keys; a warp's lanes are WSY × WSX (WSY·WSX = 32);
+    thread vectors are ``wbase + ly + WSY·a``, keys ``kbase + lx + WSX·b`` (interleaved, so the
+    128-bit loads of a quarter warp hit distinct banks). P·V: a thread owns TMO vectors × TNO
+    columns in groups of min(4, ·) consecutive ones (128-bit loads of P, stored [key][vector],
+    and of V), lanes WOY × WOX.
+    ``mode``: "prime" (a block loops over its rows' tiles and merges) or "split" (a block does
+    TPB consecutive tiles and writes their statistics). ``cpa``: stage K/V/Q with cp.async (else
+    synchronous loads). ``kv_shared`` (split, TPB = 1): V reuses K's buffer after Q·Kᵀ (smaller
+    footprint: more blocks per SM). ``vec``: 16-byte global loads (D % 4 == 0, aligned rows)."""
     mode: str
     D: int
     BQ: int
@@ -224,98 +256,82 @@ class Cfg:
     TMO: int
     TNO: int
     WOY: int
+    TPB: int = 1
     vec: bool = True
     cpa: bool = True
     kv_shared: bool = False
     name: str = ""
 
-    # derived ------------------------------------------------------------------------------
-    @property
-    def RB(self):
-        return self.BQ // self.G
+    RB = property(lambda s: s.BQ // s.G)  # rows per block
+    WSX = property(lambda s: 32 // s.WSY)
+    WOX = property(lambda s: 32 // s.WOY)
+    DQ = property(lambda s: _ru(s.D, 4))  # q / k columns in shared memory (zero padded)
+    DP = property(lambda s: s.DQ + 4)  # row stride of Qs / Ks
+    NQT = property(lambda s: s.NT // s.BQ)  # row-pass threads per vector
+    SEG = property(lambda s: TILE // s.NQT)  # keys per row-pass thread
+    PS = property(lambda s: s.BQ + 4)  # row stride of Ss ([key][vector])
 
     @property
-    def WSX(self):
-        return 32 // self.WSY
-
-    @property
-    def WOX(self):
-        return 32 // self.WOY
-
-    @property
-    def DQ(self):  # q / k columns in shared memory (zero padded to 4)
-        return _ru(self.D, 4)
-
-    @property
-    def DP(self):  # row stride of Qs / Ks
-        return self.DQ + 4
-
-    @property
-    def DPV(self):  # P·V columns computed (≥ D; the rest is padding)
+    def DPV(self):  # P·V columns computed (≥ D; the rest is padding, never stored)
         return (self.NT // 32) // (self.BQ // (self.WOY * self.TMO)) * self.WOX * self.TNO
 
     @property
     def VP(self):  # row stride of Vs
         return max(self.DPV, self.DQ) + 4
 
-    @property
-    def PS(self):  # row stride of Ss / Ps ([key][vector])
-        return self.BQ + 4
-
     def layout(self):
         """Offsets (floats) of Qs, Ks, Vs, Ss in the dynamic shared array, and its size in bytes."""
         qs = 0
         ks = qs + self.BQ * self.DP
-        vs = ks + TILE * self.DP if not self.kv_shared else ks
-        kvlen = max(TILE * self.DP, TILE * self.VP)
-        ss = (vs + TILE * self.VP) if not self.kv_shared else ks + kvlen
-        n = ss + TILE * self.PS
-        return qs, ks, vs, ss, 4 * n
+        if self.kv_shared:
+            vs = ks
+            ss = ks + TILE * max(self.DP, self.VP)
+        else:
+            vs = ks + TILE * self.DP
+            ss = vs + TILE * self.VP
+        return qs, ks, vs, ss, 4 * (ss + TILE * self.PS)
 
     def check(self):
         assert self.mode in ("prime", "split")
-        assert self.BQ % self.G == 0 and self.NT % 32 == 0
+        assert self.G <= self.BQ and self.NT % 32 == 0
         nw = self.NT // 32
-        # Q·Kᵀ warp grid
         wr, wk = self.WSY * self.TMS, self.WSX * self.TNS
         assert self.BQ % wr == 0 and TILE % wk == 0 and (self.BQ // wr) * (TILE // wk) == nw, self
-        # P·V warp grid
         orow = self.WOY * self.TMO
         assert self.BQ % orow == 0 and nw % (self.BQ // orow) == 0, self
-        assert self.TMO in (1, 2, 4, 8) or self.TMO % 4 == 0
+        assert self.TMO in (1, 2) or self.TMO % 4 == 0
         assert self.TNO in (1, 2) or self.TNO % 4 == 0
         assert self.DPV >= self.D, (self, self.DPV)
-        assert not (self.kv_shared and self.mode == "prime")
+        assert self.NT % self.BQ == 0 and TILE % self.NQT == 0  # row pass: NQT threads per vector
+        assert not (self.kv_shared and (self.mode == "prime" or self.TPB != 1))
         assert not (self.vec and self.D % 4)
-        assert self.BQ <= self.NT  # one row-pass thread per vector
+        assert self.layout()[4] + 5 * 4 * self.BQ * max(1, self.NQT) <= MAX_SMEM, "shared memory"
         return self
 
 
-def _pv_shape(D, BQ, NT, TMO, WOY):
-    """TNO so that the P·V grid covers D columns: warps along rows × along columns."""
-    nw = NT // 32
-    wr = BQ // (WOY * TMO)
-    wc = nw // wr
-    per = wc * (32 // WOY)  # column groups
+def _pv_tno(D, BQ, NT, TMO, WOY):
+    """TNO so that the P·V grid covers D columns."""
+    wr = BQ // (WOY * TMO)  # warps along vectors
+    per = (NT // 32) // wr * (32 // WOY)  # column groups
     tno = -(-D // per)
-    if tno > 2:
-        tno = _ru(tno, 4)
-    return tno
+    return _ru(tno, 4) if tno > 2 else tno
 
 
 def make_cfg(mode, D, BQ, NT, G, TMS, TNS, WSY, TMO, WOY, **kw):
-    tno = _pv_shape(D, BQ, NT, TMO, WOY)
-    return Cfg(mode, D, BQ, NT, G, TMS, TNS, WSY, TMO, tno, WOY, **kw).check()
+    return Cfg(mode, D, BQ, NT, G, TMS, TNS, WSY, TMO, _pv_tno(D, BQ, NT, TMO, WOY), WOY, **kw).check()
 
 
-# The menu. Prime: 64 vectors × 256 threads (Q·Kᵀ 4×4, P·V 8×8 per thread at D = 256).
+# The menu. Prime: 64 vectors × 256 threads (Q·Kᵀ 4×4 and P·V 8×8 per thread at D = 256).
 PRIME = {
     "p64": dict(BQ=64, NT=256, G=1, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
     "p64g8": dict(BQ=64, NT=256, G=8, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
-    "p64s2": dict(BQ=64, NT=256, G=1, TMS=4, TNS=4, WSY=2, TMO=8, WOY=4),  # lanes 2×16 for Q·Kᵀ
+    "p64w2": dict(BQ=64, NT=256, G=1, TMS=4, TNS=4, WSY=2, TMO=8, WOY=4),  # Q·Kᵀ lanes 2 × 16
     "p32": dict(BQ=32, NT=128, G=1, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+    # 512 threads: 16 warps hide latency; ≤ 128 registers (Q·Kᵀ 4×2, P·V 8×4 per thread)
+    "p64t512": dict(BQ=64, NT=512, G=1, TMS=4, TNS=2, WSY=4, TMO=8, WOY=4),
+    "p64t512g8": dict(BQ=64, NT=512, G=8, TMS=4, TNS=2, WSY=4, TMO=8, WOY=4),
 }
-# Split (decode): by the number of vectors per KV head (R · hq / hkv).
+# Split (decode / verify), chosen by the vectors per KV head (R · hq / hkv).
 SPLIT = {
     "s8": dict(BQ=8, NT=128, TMS=4, TNS=1, WSY=2, TMO=8, WOY=1),
     "s16": dict(BQ=16, NT=128, TMS=4, TNS=2, WSY=4, TMO=4, WOY=4),
@@ -325,387 +341,333 @@ SPLIT = {
 
 
 # ------------------------------------------------------------------------------------------------
-# code generation
+# code generation: straight-line Python with every index folded, compiled by cuda.jit
 # ------------------------------------------------------------------------------------------------
-def _lines(*parts):
+def _flat(*parts):
     out = []
     for p in parts:
         if isinstance(p, str):
-            out.append(p)
+            out.extend(p.split("\n"))
         else:
-            out.extend(p)
+            out.extend(_flat(*p))
     return out
 
 
-def _ind(lines, n):
-    return ["    " * n + ln if ln else ln for ln in lines]
+def _ind(n, *parts):
+    return ["    " * n + ln if ln else ln for ln in _flat(*parts)]
 
 
-def _loader(c, buf, arr, kstart, nk, ko, stride):
+def _copy(c, dst, arr, row, col, width):
+    """Global arr[row, col : col + width] → sm[dst : dst + width] (width 4: 16 bytes; 1: scalar)."""
+    if width == 4:
+        if c.cpa:
+            return f"cp16(sm, {dst}, {arr}, {row}, {col})"
+        return [f"x0, x1, x2, x3 = ld4g({arr}, {row}, {col})", f"st4(sm, {dst}, x0, x1, x2, x3)"]
+    if c.cpa:
+        return f"cp4(sm, {dst}, {arr}, {row}, {col})"
+    return f"sm[{dst}] = {arr}[{row}, {col}]"
+
+
+def _loader(c, buf, stride, arr, kstart, nk):
     """Stage rows kstart .. kstart + nk − 1 of arr[:, ko : ko + D] at sm[buf + j·stride]."""
-    D = c.D
-    if c.vec:
-        cpr = D // 4
-        op = f"cp16(sm, {buf} + j * {stride} + 4 * cc, {arr}, {kstart} + j, {ko} + 4 * cc)" if c.cpa else \
-            f"x0, x1, x2, x3 = ld4g({arr}, {kstart} + j, {ko} + 4 * cc)\n" \
-            f"st4(sm, {buf} + j * {stride} + 4 * cc, x0, x1, x2, x3)"
-        body = [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
-                f"    j = e // {cpr}",
-                f"    cc = e - j * {cpr}"]
-    else:
-        cpr = D
-        op = f"cp4(sm, {buf} + j * {stride} + cc, {arr}, {kstart} + j, {ko} + cc)" if c.cpa else \
-            f"sm[{buf} + j * {stride} + cc] = {arr}[{kstart} + j, {ko} + cc]"
-        body = [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
-                f"    j = e // {cpr}",
-                f"    cc = e - j * {cpr}"]
-    return body + ["    " + ln for ln in op.split("\n")]
+    w = 4 if c.vec else 1
+    cpr = c.D // w  # copies per row
+    if c.NT % cpr == 0:  # every thread copies one fixed column of rows lj, lj + NT/cpr, …
+        return [f"for j in range(lj, {nk}, {c.NT // cpr}):"] + _ind(
+            1, _copy(c, f"{buf} + j * {stride} + lcol", arr, f"{kstart} + j", "ko + lcol", w))
+    return [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
+            f"    j = e // {cpr}",
+            f"    cc = (e - j * {cpr}) * {w}"] + _ind(1, _copy(c, f"{buf} + j * {stride} + cc", arr,
+                                                             f"{kstart} + j", "ko + cc", w))
 
 
-def _qk(c, QS, KS):
-    """Scores of the thread's TMS × TNS (vector, key) pairs into t{a}_{b} (canonical dot)."""
-    L = []
+def _qload(c, QS):
+    """Q: vector v < nv is (row r0 + v // G, head hb + v % G); the others are zeros (never stored).
+    Pad columns D .. DQ − 1 of Qs and Ks are zeroed (the loaders never write them)."""
+    w = 4 if c.vec else 1
+    cpr = c.D // w
+    zero = f"st4(sm, {QS} + v * {c.DP} + cc, F0, F0, F0, F0)" if w == 4 else f"sm[{QS} + v * {c.DP} + cc] = F0"
+    L = [f"for e in range(tid, {c.BQ * cpr}, {c.NT}):",
+         f"    v = e // {cpr}",
+         f"    cc = (e - v * {cpr}) * {w}",
+         "    if v < nv:"]
+    L += _ind(2, _copy(c, f"{QS} + v * {c.DP} + cc", "Q", f"r0 + v // {c.G}", f"(hb + v % {c.G}) * {c.D} + cc", w))
+    L += ["    else:", "        " + zero]
+    if c.DQ > c.D:
+        npad = c.DQ - c.D
+        _, KS, _, _, _ = c.layout()
+        assert KS == QS + c.BQ * c.DP  # Ks rows follow Qs rows
+        L += [f"for e in range(tid, {(c.BQ + TILE) * npad}, {c.NT}):",
+              f"    v = e // {npad}",
+              f"    sm[{QS} + v * {c.DP} + {c.D} + e - v * {npad}] = F0"]
+    return L
+
+
+def _qk(c):
+    """t{a}_{b}: the canonical dot of the thread's (vector a, key b) pairs: per 32-wide slice an fma
+    chain from +0 (128-bit loads, 4 d at a time), the slice partial added to the total."""
     TMS, TNS = c.TMS, c.TNS
-    for a in range(TMS):
-        for b in range(TNS):
-            L.append(f"t{a}_{b} = F0")
-    nfull, rem = divmod(c.DQ, SLICE)
+    L = [f"t{a}_{b} = F0" for a in range(TMS) for b in range(TNS)]
 
     def steps(db, nsteps):
-        S = []
-        for a in range(TMS):
-            for b in range(TNS):
-                S.append(f"p{a}_{b} = F0")
+        S = [f"p{a}_{b} = F0" for a in range(TMS) for b in range(TNS)]
         for k in range(nsteps):
-            for a in range(TMS):
-                S.append(f"q{a}_0, q{a}_1, q{a}_2, q{a}_3 = ld4(sm, qb{a} + {db} + {4 * k})")
-            for b in range(TNS):
-                S.append(f"k{b}_0, k{b}_1, k{b}_2, k{b}_3 = ld4(sm, kb{b} + {db} + {4 * k})")
-            for e in range(4):
-                for a in range(TMS):
-                    for b in range(TNS):
-                        S.append(f"p{a}_{b} = fma(q{a}_{e}, k{b}_{e}, p{a}_{b})")
-        for a in range(TMS):
-            for b in range(TNS):
-                S.append(f"t{a}_{b} = t{a}_{b} + p{a}_{b}")
-        return S
+            S += [f"q{a}_0, q{a}_1, q{a}_2, q{a}_3 = ld4(sm, qb + {db} + {c.WSY * a * c.DP + 4 * k})" for a in range(TMS)]
+            S += [f"k{b}_0, k{b}_1, k{b}_2, k{b}_3 = ld4(sm, kb + {db} + {c.WSX * b * c.DP + 4 * k})" for b in range(TNS)]
+            S += [f"p{a}_{b} = fma(q{a}_{e}, k{b}_{e}, p{a}_{b})" for e in range(4) for a in range(TMS) for b in range(TNS)]
+        return S + [f"t{a}_{b} = t{a}_{b} + p{a}_{b}" for a in range(TMS) for b in range(TNS)]
 
+    nfull, rem = divmod(c.DQ, SLICE)
     if nfull:
-        L.append(f"for sl in range({nfull}):")
-        L += _ind(steps(f"sl * {SLICE}", SLICE // 4), 1)
+        L += [f"for sl in range({nfull}):"] + _ind(1, steps(f"sl * {SLICE}", SLICE // 4))
     if rem:
         L += steps(str(nfull * SLICE), rem // 4)
     return L
 
 
-def _pv_loads(c, jexpr, SS, VS):
-    L = []
+def _pv_loads(c, j):
     gp, gv = min(4, c.TMO), min(4, c.TNO)
+    ld = {4: "ld4", 2: "ld2"}
+    L = []
     for g in range(c.TMO // gp):
         names = ", ".join(f"pp{g * gp + e}" for e in range(gp))
-        if gp == 4:
-            L.append(f"{names} = ld4(sm, pb{g} + ({jexpr}) * {c.PS})")
-        elif gp == 2:
-            L.append(f"{names} = ld2(sm, pb{g} + ({jexpr}) * {c.PS})")
-        else:
-            L.append(f"{names} = sm[pb{g} + ({jexpr}) * {c.PS}]")
+        L.append(f"{names} = {ld[gp]}(sm, pb{g} + ({j}) * {c.PS})" if gp > 1 else f"{names} = sm[pb{g} + ({j}) * {c.PS}]")
     for g in range(c.TNO // gv):
         names = ", ".join(f"vv{g * gv + e}" for e in range(gv))
-        if gv == 4:
-            L.append(f"{names} = ld4(sm, vb{g} + ({jexpr}) * {c.VP})")
-        elif gv == 2:
-            L.append(f"{names} = ld2(sm, vb{g} + ({jexpr}) * {c.VP})")
-        else:
-            L.append(f"{names} = sm[vb{g} + ({jexpr}) * {c.VP}]")
+        L.append(f"{names} = {ld[gv]}(sm, vb{g} + ({j}) * {c.VP})" if gv > 1 else f"{names} = sm[vb{g} + ({j}) * {c.VP}]")
     return L
 
 
-def _pv(c, SS, VS, unroll=2):
-    """o{a}_{b} = Σ_j fma(p[row a, j], v[j, col b], ·) over the tile's keys, in key order; masked
-    rows (j ≥ n of their vector) keep their value."""
+def _pv(c, unroll=2):
+    """o{a}_{b} = Σ_j fma(p[vector a, key j], v[key j, column b], ·), keys in order from +0; in a tile
+    that is partial for some vector (not ``full``) the chain of a vector stops at its n keys."""
     TMO, TNO = c.TMO, c.TNO
-    L = [f"o{a}_{b} = F0" for a in range(TMO) for b in range(TNO)]
     full = []
     for u in range(unroll):
-        full += _pv_loads(c, f"j + {u}", SS, VS)
-        for a in range(TMO):
-            for b in range(TNO):
-                full.append(f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b})")
-    masked = _pv_loads(c, "j", SS, VS)
-    for a in range(TMO):
-        masked.append(f"ok{a} = j < n{a}")
-    for a in range(TMO):
-        for b in range(TNO):
-            masked.append(f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b}) if ok{a} else o{a}_{b}")
-    L.append("if full:")
-    L.append(f"    for j in range(0, {TILE}, {unroll}):")
-    L += _ind(full, 2)
-    L.append("else:")
-    L += _ind([f"n{a} = Nv[orow{a}]" for a in range(TMO)], 1)
-    L.append("    for j in range(jmax):")
-    L += _ind(masked, 2)
+        full += _pv_loads(c, f"j + {u}")
+        full += [f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b})" for a in range(TMO) for b in range(TNO)]
+    masked = _pv_loads(c, "j") + [f"ok{a} = j < n{a}" for a in range(TMO)]
+    masked += [f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b}) if ok{a} else o{a}_{b}" for a in range(TMO) for b in range(TNO)]
+    return _flat(
+        [f"o{a}_{b} = F0" for a in range(TMO) for b in range(TNO)],
+        "if full:",
+        f"    for j in range(0, {TILE}, {unroll}):",
+        _ind(2, full),
+        "else:",
+        _ind(1, [f"n{a} = Nv[orow{a}]" for a in range(TMO)]),
+        "    for j in range(jmax):",
+        _ind(2, masked),
+    )
+
+
+def _row_pass(c, SS, tail):
+    """Per vector v of the tile: n = its keys in the tile, mt by the twin's scan (NQT threads per
+    vector scan segments of SEG keys for the first maximum that is not NaN, then combine the
+    segments in order; a NaN first score is the twin's answer), p = exp32(s − mt) in place, then
+    lt = Σ p left to right (one thread per vector) and ``tail`` (the merge or the statistics)."""
+    PS, SEG, BQ = c.PS, c.SEG, c.BQ
+    A = [
+        f"rv = tid % {BQ}",
+        f"rq = tid // {BQ}",
+        f"rn = min({TILE}, p0 + r0 + rv // {c.G} + 1 - k0) if rv < nv else 0",
+        "if rq == 0:",
+        "    Nv[rv] = rn",
+        f"s0 = sm[{SS} + rv]",  # before anyone overwrites key 0 with its p
+        "mx = NAN",
+    ]
+    for k in range(SEG):
+        A += [f"if rq * {SEG} + {k} < rn:",
+              f"    x = sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv]",
+              "    if x > mx or mx != mx:",
+              "        mx = x"]
+    A += [f"Mq[rq * {BQ} + rv] = mx", "cuda.syncthreads()"]
+    B = ["if rn > 0:", "    mt = Mq[rv]"]
+    for q in range(1, c.NQT):
+        B += [f"    x = Mq[{q * BQ} + rv]", "    if x > mt or mt != mt:", "        mt = x"]
+    B += ["    if s0 != s0:", "        mt = s0",
+          "    if rq == 0:", "        Ms[rv] = mt"]
+    for k in range(SEG):
+        B += [f"    if rq * {SEG} + {k} < rn:",
+              f"        sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv] = exp32(sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv] - mt)"]
+    B += ["cuda.syncthreads()"]
+    C = ["if rq == 0 and rn > 0:",
+         "    lt = F0",
+         f"    if rn == {TILE}:"]
+    for j0 in range(0, TILE, 16):  # 16 loads in flight, then their adds in order
+        C += [f"        y{j} = sm[{SS} + {(j0 + j) * PS} + rv]" for j in range(16)]
+        C += [f"        lt = lt + y{j}" for j in range(16)]
+    C += ["    else:",
+          "        for j in range(rn):",
+          f"            lt = lt + sm[{SS} + j * {PS} + rv]"]
+    C += _ind(1, tail)
+    return A + B + C
+
+
+def _setup(c):
+    """Thread coordinates and shared-memory bases of the two products (all tile-independent)."""
+    QS, KS, VS, SS, _ = c.layout()
+    nw = c.NT // 32
+    wgr = c.BQ // (c.WSY * c.TMS)  # Q·Kᵀ warps along vectors
+    wor = c.BQ // (c.WOY * c.TMO)  # P·V warps along vectors
+    gp, gv = min(4, c.TMO), min(4, c.TNO)
+    L = ["lane = tid % 32", "warp = tid // 32",
+         f"sy = (warp % {wgr}) * {c.WSY * c.TMS} + lane // {c.WSX}",
+         f"sx = (warp // {wgr}) * {c.WSX * c.TNS} + lane % {c.WSX}"]
+    L += [f"qb = {QS} + sy * {c.DP}", f"kb = {KS} + sx * {c.DP}", f"sb = {SS} + sx * {c.PS} + sy"]
+    L += [f"oy = (warp % {wor}) * {c.WOY * c.TMO} + (lane // {c.WOX}) * {gp}",
+          f"ox = (warp // {wor}) * {c.WOX * c.TNO} + (lane % {c.WOX}) * {gv}"]
+    L += [f"orow{g * gp + e} = oy + {g * c.WOY * gp + e}" for g in range(c.TMO // gp) for e in range(gp)]
+    L += [f"ocol{g * gv + e} = ox + {g * c.WOX * gv + e}" for g in range(c.TNO // gv) for e in range(gv)]
+    L += [f"pb{g} = {SS} + oy + {g * c.WOY * gp}" for g in range(c.TMO // gp)]
+    L += [f"vb{g} = {VS} + ox + {g * c.WOX * gv}" for g in range(c.TNO // gv)]
+    w = 4 if c.vec else 1
+    cpr = c.D // w
+    if c.NT % cpr == 0:
+        L += [f"lj = tid // {cpr}", f"lcol = (tid % {cpr}) * {w}"]
+    _ = nw
     return L
 
 
 def source(c: Cfg) -> str:
-    """The kernel's Python source for configuration c (all constants folded in)."""
+    """The kernel's Python source for configuration c (every constant folded in)."""
     c.check()
     QS, KS, VS, SS, _ = c.layout()
-    nw = c.NT // 32
-    # Q·Kᵀ thread coordinates
-    wgr = c.BQ // (c.WSY * c.TMS)  # warps along vectors
-    # P·V thread coordinates
-    wor = c.BQ // (c.WOY * c.TMO)
-    woc = nw // wor
-    gp, gv = min(4, c.TMO), min(4, c.TNO)
-
-    head = [
-        "lane = tid % 32",
-        "warp = tid // 32",
-        # Q·Kᵀ
-        f"sy = (warp % {wgr}) * {c.WSY * c.TMS} + lane // {c.WSX}",
-        f"sx = (warp // {wgr}) * {c.WSX * c.TNS} + lane % {c.WSX}",
-    ]
-    head += [f"qb{a} = {QS} + (sy + {c.WSY * a}) * {c.DP}" for a in range(c.TMS)]
-    head += [f"kb{b} = {KS} + (sx + {c.WSX * b}) * {c.DP}" for b in range(c.TNS)]
-    head += [f"srow{a} = sy + {c.WSY * a}" for a in range(c.TMS)]
-    head += [f"skey{b} = sx + {c.WSX * b}" for b in range(c.TNS)]
-    # P·V
-    head += [f"oy = (warp % {wor}) * {c.WOY * c.TMO} + (lane // {c.WOX}) * {gp}",
-             f"ox = (warp // {wor}) * {c.WOX * c.TNO} + (lane % {c.WOX}) * {gv}"]
-    head += [f"orow{g * gp + e} = oy + {g * c.WOY * gp + e}" for g in range(c.TMO // gp) for e in range(gp)]
-    head += [f"ocol{g * gv + e} = ox + {g * c.WOX * gv + e}" for g in range(c.TNO // gv) for e in range(gv)]
-    head += [f"pb{g} = {SS} + oy + {g * c.WOY * gp}" for g in range(c.TMO // gp)]
-    head += [f"vb{g} = {VS} + ox + {g * c.WOX * gv}" for g in range(c.TNO // gv)]
-    _ = woc
-
-    # Q: vectors v < nr·G are (r0 + v // G, hb + v % G); the others are zeros (never stored)
-    if c.vec:
-        qload = [f"for e in range(tid, {c.BQ * (c.D // 4)}, {c.NT}):",
-                 f"    v = e // {c.D // 4}",
-                 f"    cc = e - v * {c.D // 4}",
-                 f"    if v < nv:",
-                 (f"        cp16(sm, {QS} + v * {c.DP} + 4 * cc, Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + 4 * cc)"
-                  if c.cpa else
-                  f"        x0, x1, x2, x3 = ld4g(Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + 4 * cc)\n"
-                  f"        st4(sm, {QS} + v * {c.DP} + 4 * cc, x0, x1, x2, x3)"),
-                 f"    else:",
-                 f"        st4(sm, {QS} + v * {c.DP} + 4 * cc, F0, F0, F0, F0)"]
-    else:
-        qload = [f"for e in range(tid, {c.BQ * c.D}, {c.NT}):",
-                 f"    v = e // {c.D}",
-                 f"    cc = e - v * {c.D}",
-                 f"    if v < nv:",
-                 (f"        cp4(sm, {QS} + v * {c.DP} + cc, Q, r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + cc)"
-                  if c.cpa else
-                  f"        sm[{QS} + v * {c.DP} + cc] = Q[r0 + v // {c.G}, (hb + v % {c.G}) * {c.D} + cc]"),
-                 f"    else:",
-                 f"        sm[{QS} + v * {c.DP} + cc] = F0"]
-    qload = [ln for item in qload for ln in item.split("\n")]
-    if c.DQ > c.D:  # zero pad columns of Qs and Ks (never written by the loaders)
-        npad = c.DQ - c.D
-        qload += [f"for e in range(tid, {(c.BQ + TILE) * npad}, {c.NT}):",
-                  f"    v = e // {npad}",
-                  f"    sm[{QS} + v * {c.DP} + {c.D} + e - v * {npad}] = F0"]
-        # rows BQ.. of Qs are the rows of Ks (KS == QS + BQ·DP)
-        assert KS == QS + c.BQ * c.DP
-
-    store_s = []
-    for a in range(c.TMS):
-        for b in range(c.TNS):
-            store_s.append(f"sm[{SS} + skey{b} * {c.PS} + srow{a}] = fmul(t{a}_{b}, scale)")
-
-    row_a = [  # tile max by the twin's scan; one thread per vector
-        f"if tid < {c.BQ}:",
-        f"    n = min({TILE}, p0 + r0 + tid // {c.G} + 1 - k0) if tid < nv else 0",
-        "    Nv[tid] = n",
-        "    if n > 0:",
-        f"        mt = sm[{SS} + tid]",
-        "        for j in range(1, n):",
-        f"            x = sm[{SS} + j * {c.PS} + tid]",
-        "            if x > mt:",
-        "                mt = x",
-        "        Ms[tid] = mt",
-    ]
-    row_b = [  # p = exp32(s − mt), in place
-        f"for e in range(tid, {c.BQ * TILE}, {c.NT}):",
-        f"    j = e // {c.BQ}",
-        f"    v = e - j * {c.BQ}",
-        "    if j < Nv[v]:",
-        f"        sm[{SS} + j * {c.PS} + v] = exp32(sm[{SS} + j * {c.PS} + v] - Ms[v])",
-    ]
-    row_c_sum = [
-        "    n = Nv[tid]",
-        "    if n > 0:",
-        "        lt = F0",
-        "        for j in range(n):",
-        f"            lt = lt + sm[{SS} + j * {c.PS} + tid]",
-    ]
-
-    loadK = lambda kst: _loader(c, KS, "kc", kst, f"min({TILE}, pmax + 1 - ({kst}))", "ko", c.DP)  # noqa: E731
-    loadV = lambda kst: _loader(c, VS, "vc", kst, f"min({TILE}, pmax + 1 - ({kst}))", "ko", c.VP)  # noqa: E731
-
     TMO, TNO = c.TMO, c.TNO
+    loadK = lambda t: _loader(c, KS, c.DP, "kc", f"({t}) * {TILE}", f"min({TILE}, pmax + 1 - ({t}) * {TILE})")  # noqa: E731
+    loadV = lambda t: _loader(c, VS, c.VP, "vc", f"({t}) * {TILE}", f"min({TILE}, pmax + 1 - ({t}) * {TILE})")  # noqa: E731
+    store_s = [f"sm[sb + {c.WSX * b * c.PS + c.WSY * a}] = fmul(t{a}_{b}, scale)" for a in range(c.TMS) for b in range(c.TNS)]
+    shared = [
+        "sm = cuda.shared.array(0, float32)",
+        f"Ms = cuda.shared.array({c.BQ}, float32)",
+        f"Mq = cuda.shared.array({c.BQ * c.NQT}, float32)",
+        f"Al = cuda.shared.array({c.BQ}, float32)",
+        f"Be = cuda.shared.array({c.BQ}, float32)",
+        f"Nv = cuda.shared.array({c.BQ}, int32)",
+    ]
     if c.mode == "prime":
         sig = "def kernel(Q, kc, vc, out, start, pb, R, hq, hkv, scale):"
-        setup = [
-            "qt = cuda.gridDim.x - 1 - cuda.blockIdx.x",
-            f"hb = cuda.blockIdx.y * {c.G}",
-            f"r0 = qt * {c.RB}",
-        ]
-        body = _lines(
-            sig,
-            _ind(_lines(
-                "sm = cuda.shared.array(0, float32)",
-                f"Ms = cuda.shared.array({c.BQ}, float32)",
-                f"Al = cuda.shared.array({c.BQ}, float32)",
-                f"Be = cuda.shared.array({c.BQ}, float32)",
-                f"Ls = cuda.shared.array({c.BQ}, float32)",
-                f"Nv = cuda.shared.array({c.BQ}, int32)",
-                "tid = cuda.threadIdx.x",
-                setup,
-                "kvh = hb // (hq // hkv)",
-                f"ko = kvh * {c.D}",
-                "p0 = start + pb[0]",
-                f"nr = min({c.RB}, R - r0)",
-                f"nv = nr * {c.G}",
-                "pmin = p0 + r0",
-                "pmax = pmin + nr - 1",
-                head,
-                qload,
-                loadK("0"),
-                "cp_commit()",
-                loadV("0"),
-                "cp_commit()",
-                "m = F0",
-                "l = F0",
-                [f"c{a}_{b} = F0" for a in range(TMO) for b in range(TNO)],
-                f"ntl = pmax // {TILE} + 1",
-                "for t in range(ntl):",
-                _ind(_lines(
-                    f"k0 = t * {TILE}",
-                    "cp_wait1()",
-                    "cuda.syncthreads()",
-                    _qk(c, QS, KS),
-                    store_s,
-                    "cuda.syncthreads()",
-                    "if t + 1 < ntl:",
-                    _ind(loadK(f"k0 + {TILE}"), 1),
-                    "cp_commit()",
-                    row_a,
-                    "cuda.syncthreads()",
-                    row_b,
-                    "cuda.syncthreads()",
-                    f"if tid < {c.BQ}:",
-                    row_c_sum,
-                    "        if t == 0:",
-                    "            m = Ms[tid]",
-                    "            l = lt",
-                    "        else:",
-                    "            m, alpha, beta = merge_scale(m, Ms[tid])",
-                    "            l = merge_acc(l, alpha, lt, beta)",
-                    "            Al[tid] = alpha",
-                    "            Be[tid] = beta",
-                    "cp_wait1()",
-                    "cuda.syncthreads()",
-                    f"full = k0 + {TILE - 1} <= pmin",
-                    f"jmax = min({TILE}, pmax + 1 - k0)",
-                    _pv(c, SS, VS),
-                    [ln for a in range(TMO) for ln in (
-                        [f"if Nv[orow{a}] > 0:",
-                         "    if t == 0:"]
-                        + [f"        c{a}_{b} = o{a}_{b}" for b in range(TNO)]
-                        + ["    else:",
-                           f"        al = Al[orow{a}]",
-                           f"        be = Be[orow{a}]"]
-                        + [f"        c{a}_{b} = merge_acc(c{a}_{b}, al, o{a}_{b}, be)" for b in range(TNO)])],
-                    "cuda.syncthreads()",
-                    "if t + 1 < ntl:",
-                    _ind(loadV(f"k0 + {TILE}"), 1),
-                    "cp_commit()",
-                ), 1),
-                "cp_wait0()",
-                f"if tid < {c.BQ}:",
-                "    Ls[tid] = l",
-                "cuda.syncthreads()",
-                [ln for a in range(TMO) for ln in (
-                    [f"if orow{a} < nv:",
-                     f"    ra = r0 + orow{a} // {c.G}",
-                     f"    oa = (hb + orow{a} % {c.G}) * {c.D}",
-                     f"    la = Ls[orow{a}]"]
-                    + [ln2 for b in range(TNO) for ln2 in (
-                        [f"    if ocol{b} < {c.D}:",
-                         f"        out[ra, oa + ocol{b}] = c{a}_{b} / la"])])],
-            ), 1),
-        )
-    else:  # split: one tile per block, statistics out
+        where = ["qt = cuda.gridDim.x - 1 - cuda.blockIdx.x",  # longest blocks first
+                 f"hb = cuda.blockIdx.y * {c.G}",
+                 f"r0 = qt * {c.RB}",
+                 "p0 = start + pb[0]",
+                 f"nr = min({c.RB}, R - r0)",
+                 "pmin = p0 + r0",
+                 "pmax = pmin + nr - 1",
+                 "t0 = 0",
+                 f"t1 = pmax // {TILE} + 1"]
+        tail = ["if t == 0:", "    m = Ms[rv]", "    l = lt",
+                "else:", "    m, alpha, beta = merge_scale(m, Ms[rv])", "    l = merge_acc(l, alpha, lt, beta)",
+                "    Al[rv] = alpha", "    Be[rv] = beta"]
+        use = []
+        for a in range(TMO):
+            use += [f"if Nv[orow{a}] > 0:", "    if t == 0:"]
+            use += [f"        c{a}_{b} = o{a}_{b}" for b in range(TNO)]
+            use += ["    else:", f"        al = Al[orow{a}]", f"        be = Be[orow{a}]"]
+            use += [f"        c{a}_{b} = merge_acc(c{a}_{b}, al, o{a}_{b}, be)" for b in range(TNO)]
+        init = ["m = F0", "l = F0"] + [f"c{a}_{b} = F0" for a in range(TMO) for b in range(TNO)]
+        fin = ["cp_wait0()", "cuda.syncthreads()",  # the last Al / Be reads are done: reuse Al for l
+               f"if tid < {c.BQ}:", "    Al[tid] = l", "cuda.syncthreads()"]
+        for a in range(TMO):
+            fin += [f"if orow{a} < nv:",
+                    f"    ra = r0 + orow{a} // {c.G}",
+                    f"    oa = (hb + orow{a} % {c.G}) * {c.D}",
+                    f"    la = Al[orow{a}]"]
+            for b in range(TNO):
+                fin += [f"    if ocol{b} < {c.D}:" if c.DPV > c.D else "    if True:",
+                        f"        out[ra, oa + ocol{b}] = c{a}_{b} / la"]
+    else:
         sig = "def kernel(Q, kc, vc, start, pb, R, hq, hkv, scale, ML, A):"
-        body = _lines(
-            sig,
-            _ind(_lines(
-                "t = cuda.blockIdx.x",
-                f"hb = cuda.blockIdx.y * {c.G}",
-                f"r0 = cuda.blockIdx.z * {c.RB}",
-                "p0 = start + pb[0]",
-                f"nr = min({c.RB}, R - r0)",
-                "pmin = p0 + r0",
-                "pmax = pmin + nr - 1",
-                f"k0 = t * {TILE}",
-                "if k0 > pmax:",
-                "    return",
-                "sm = cuda.shared.array(0, float32)",
-                f"Ms = cuda.shared.array({c.BQ}, float32)",
-                f"Nv = cuda.shared.array({c.BQ}, int32)",
-                "tid = cuda.threadIdx.x",
-                "kvh = hb // (hq // hkv)",
-                f"ko = kvh * {c.D}",
-                f"nv = nr * {c.G}",
-                head,
-                qload,
-                loadK("k0"),
-                "cp_commit()",
-                ([] if c.kv_shared else loadV("k0")),
-                "cp_commit()",
-                "cp_wait1()",
-                "cuda.syncthreads()",
-                _qk(c, QS, KS),
-                store_s,
-                "cuda.syncthreads()",
-                (_lines(loadV("k0"), "cp_commit()") if c.kv_shared else []),
-                row_a,
-                "cuda.syncthreads()",
-                row_b,
-                "cuda.syncthreads()",
-                f"if tid < {c.BQ}:",
-                row_c_sum,
-                f"        vg = (r0 + tid // {c.G}) * hq + hb + tid % {c.G}",
-                "        ML[vg, t, 0] = Ms[tid]",
-                "        ML[vg, t, 1] = lt",
-                "cp_wait0()",
-                "cuda.syncthreads()",
-                f"full = k0 + {TILE - 1} <= pmin",
-                f"jmax = min({TILE}, pmax + 1 - k0)",
-                _pv(c, SS, VS),
-                [ln for a in range(TMO) for ln in (
-                    [f"if Nv[orow{a}] > 0:",
-                     f"    vg = (r0 + orow{a} // {c.G}) * hq + hb + orow{a} % {c.G}"]
-                    + [ln2 for b in range(TNO) for ln2 in (
-                        [f"    if ocol{b} < {c.D}:",
-                         f"        A[vg, t, ocol{b}] = o{a}_{b}"])])],
-            ), 1),
+        where = [f"hb = cuda.blockIdx.y * {c.G}",
+                 f"r0 = cuda.blockIdx.z * {c.RB}",
+                 "p0 = start + pb[0]",
+                 f"nr = min({c.RB}, R - r0)",
+                 "pmin = p0 + r0",
+                 "pmax = pmin + nr - 1",
+                 f"t0 = cuda.blockIdx.x * {c.TPB}",
+                 f"t1 = min(t0 + {c.TPB}, pmax // {TILE} + 1)",
+                 "if t0 >= t1:",  # past the position: exit at once
+                 "    return"]
+        tail = [f"vg = (r0 + rv // {c.G}) * hq + hb + rv % {c.G}",
+                "ML[vg, t, 0] = Ms[rv]",
+                "ML[vg, t, 1] = lt"]
+        use = []
+        for a in range(TMO):
+            use += [f"if Nv[orow{a}] > 0:", f"    vg = (r0 + orow{a} // {c.G}) * hq + hb + orow{a} % {c.G}"]
+            for b in range(TNO):
+                use += [f"    if ocol{b} < {c.D}:" if c.DPV > c.D else "    if True:",
+                        f"        A[vg, t, ocol{b}] = o{a}_{b}"]
+        init, fin = [], ["cp_wait0()"]
+
+    if c.kv_shared:  # one tile; V goes into K's buffer once Q·Kᵀ is done
+        loop = _flat(
+            "t = t0",
+            f"k0 = t * {TILE}",
+            "cp_wait0()",
+            "cuda.syncthreads()",
+            _qk(c), store_s,
+            "cuda.syncthreads()",
+            loadV("t"), "cp_commit()",
+            _row_pass(c, SS, tail),
+            "cp_wait0()",
+            "cuda.syncthreads()",
+            f"full = k0 + {TILE - 1} <= pmin",
+            f"jmax = min({TILE}, pmax + 1 - k0)",
+            _pv(c), use,
         )
-    return "\n".join(body) + "\n"
+        prologue = _flat(_qload(c, QS), loadK("t0"), "cp_commit()")
+    else:
+        loop = _flat(
+            "for t in range(t0, t1):",
+            _ind(1,
+                 f"k0 = t * {TILE}",
+                 "cp_wait1()",  # K_t (and Q) landed; V_t may still be in flight
+                 "cuda.syncthreads()",
+                 _qk(c), store_s,
+                 "cuda.syncthreads()",
+                 "if t + 1 < t1:",
+                 _ind(1, loadK("t + 1")),
+                 "cp_commit()",
+                 _row_pass(c, SS, tail),
+                 "cp_wait1()",  # V_t landed; K_{t+1} may still be in flight
+                 "cuda.syncthreads()",
+                 f"full = k0 + {TILE - 1} <= pmin",
+                 f"jmax = min({TILE}, pmax + 1 - k0)",
+                 _pv(c), use,
+                 "cuda.syncthreads()",
+                 "if t + 1 < t1:",
+                 _ind(1, loadV("t + 1")),
+                 "cp_commit()"),
+        )
+        prologue = _flat(_qload(c, QS), loadK("t0"), "cp_commit()", loadV("t0"), "cp_commit()")
+    body = _flat(
+        sig,
+        _ind(1,
+             where, shared,
+             "tid = cuda.threadIdx.x",
+             "kvh = hb // (hq // hkv)",
+             f"ko = kvh * {c.D}",
+             f"nv = nr * {c.G}",
+             _setup(c), prologue, init, loop, fin),
+    )
+    return _lower_shared("\n".join(body) + "\n")
 
 
-_NS = dict(cuda=cuda, float32=float32, int32=int32, F0=F32(0.0), fma=fma, fmul=fmul, exp32=exp32,
-           merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld4g=ld4g, st4=st4, cp16=cp16,
-           cp4=cp4, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
+def _lower_shared(src):
+    """Shared-memory subscripts → ld1 / st1 (Numba's negative-index wraparound would otherwise make
+    every constant offset its own register)."""
+    names = "sm|Ms|Mq|Al|Be|Nv"
+    src = re.sub(rf"^(\s*)({names})\[([^\[\]]*)\] = (.*)$", r"\1st1(\2, \3, \4)", src, flags=re.M)
+    return re.sub(rf"\b({names})\[([^\[\]]*)\]", r"ld1(\1, \2)", src)
+
+
+_NS = dict(cuda=cuda, float32=float32, int32=int32, F0=F32(0.0), NAN=F32(np.nan), fma=fma, fmul=fmul,
+           exp32=exp32, merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld1=ld1, st1=st1, ld4g=ld4g, st4=st4,
+           cp16=cp16, cp4=cp4, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
 
 
 def pyfunc(c: Cfg):
     ns = dict(_NS)
-    src = source(c)
-    exec(compile(src, f"<attn {c.mode} {c.name or ''} D{c.D}>", "exec"), ns)
+    exec(compile(source(c), f"<attn {c.mode} {c.name} D{c.D}>", "exec"), ns)
     return ns["kernel"]
 
 
@@ -716,7 +678,8 @@ def kernel(c: Cfg):
     """The compiled kernel (``cuda.jit`` dispatcher) and its dynamic shared memory bytes."""
     k = _KERNELS.get(c)
     if k is None:
-        k = _KERNELS[c] = (cuda.jit(pyfunc(c)), c.layout()[4])
+        jit = cuda.jit if SIMULATED else (lambda f: cuda.jit(f, launch_bounds=c.NT))
+        k = _KERNELS[c] = (jit(pyfunc(c)), c.layout()[4])
     return k
 
 
