@@ -117,6 +117,20 @@ if not SIMULATED:
         return sig, codegen
 
     @intrinsic
+    def sel(typingctx, cond, a, b):
+        """a if cond else b, branch-free (an LLVM select)."""
+        sig = a(cond, a, b)
+
+        def codegen(context, builder, signature, args):
+            c = context.cast(builder, args[0], signature.args[0], _t.boolean)
+            y = context.cast(builder, args[2], signature.args[2], signature.args[1])
+            return builder.select(c, args[1], y)
+
+        return sig, codegen
+
+    devf = cuda.jit(device=True, forceinline=True)
+
+    @intrinsic
     def ld4g(typingctx, arr, row, col):
         """(arr[row, col], …, arr[row, col + 3]) in one 128-bit load (16-byte aligned)."""
         sig = _t.UniTuple(_t.float32, 4)(arr, row, col)
@@ -195,6 +209,11 @@ else:
 
     def ld1(a, i):
         return a[i]
+
+    def sel(c, a, b):
+        return a if c else b
+
+    devf = cuda.jit(device=True)
 
     def st1(a, i, x):
         a[i] = x
@@ -341,7 +360,9 @@ SPLIT = {
 
 
 # ------------------------------------------------------------------------------------------------
-# code generation: straight-line Python with every index folded, compiled by cuda.jit
+# code generation: small device functions (force-inlined) carry the unrolled register tiles, so
+# the kernel text stays short (Numba's front end is superlinear in statements); every index is a
+# compile-time constant or one base + constant
 # ------------------------------------------------------------------------------------------------
 def _flat(*parts):
     out = []
@@ -355,6 +376,21 @@ def _flat(*parts):
 
 def _ind(n, *parts):
     return ["    " * n + ln if ln else ln for ln in _flat(*parts)]
+
+
+def _tup(items):
+    items = list(items)
+    assert len(items) <= 30  # CPython builds longer displays through a list (Numba mishandles it)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _tile(rows, cols, f):
+    """A register tile as a tuple of row tuples: element (a, b) is f(a, b)."""
+    return _tup(_tup(f(a, b) for b in range(cols)) for a in range(rows))
+
+
+def _zeros(rows, cols):
+    return _tile(rows, cols, lambda a, b: "F0")
 
 
 def _copy(c, dst, arr, row, col, width):
@@ -403,60 +439,110 @@ def _qload(c, QS):
     return L
 
 
-def _qk(c):
-    """t{a}_{b}: the canonical dot of the thread's (vector a, key b) pairs: per 32-wide slice an fma
-    chain from +0 (128-bit loads, 4 d at a time), the slice partial added to the total."""
-    TMS, TNS = c.TMS, c.TNS
-    L = [f"t{a}_{b} = F0" for a in range(TMS) for b in range(TNS)]
+def _devfuncs(c):
+    """The register tiles, as tuples of row tuples: a Q·Kᵀ step (4 d), the slice add, the score store;
+    a P·V step (1 key) and its masked twin; the merge; the output / statistics stores. Built from
+    per-row helpers so that the text Numba types stays small (everything is force-inlined)."""
+    TMS, TNS, TMO, TNO = c.TMS, c.TNS, c.TMO, c.TNO
+    gp, gv = min(4, TMO), min(4, TNO)
+    qoff = [c.WSY * a * c.DP for a in range(TMS)]
+    koff = [c.WSX * b * c.DP for b in range(TNS)]
+    roff = [g * c.WOY * gp + e for g in range(TMO // gp) for e in range(gp)]  # vector offsets from oy
+    coff = [g * c.WOX * gv + e for g in range(TNO // gv) for e in range(gv)]  # column offsets from ox
+    ld = {4: "ld4", 2: "ld2"}
+    F = []
+    # Q·Kᵀ: the chain of (vector, key) continues over 4 more d, in d order
+    F += ["@devf", "def dot4(q, k, p):",
+          "    return fma(q[3], k[3], fma(q[2], k[2], fma(q[1], k[1], fma(q[0], k[0], p))))"]
+    F += ["@devf", "def qkrow(q, ks, pr):", "    return " + _tup(f"dot4(q, ks[{b}], pr[{b}])" for b in range(TNS))]
+    F += ["@devf", "def qk4(sm, qa, ka, p):"]
+    F += [f"    k{b} = ld4(sm, ka + {koff[b]})" for b in range(TNS)]
+    F += ["    ks = " + _tup(f"k{b}" for b in range(TNS))]
+    F += ["    return " + _tup(f"qkrow(ld4(sm, qa + {qoff[a]}), ks, p[{a}])" for a in range(TMS))]
+    F += ["@devf", "def addrow(t, p):", "    return " + _tup(f"t[{b}] + p[{b}]" for b in range(TNS))]
+    F += ["@devf", "def tadd(t, p):", "    return " + _tup(f"addrow(t[{a}], p[{a}])" for a in range(TMS))]
+    F += ["@devf", "def sstore(sm, sb, t, scale):"]
+    F += [f"    st1(sm, sb + {c.WSX * b * c.PS + c.WSY * a}, fmul(t[{a}][{b}], scale))"
+          for a in range(TMS) for b in range(TNS)]
 
-    def steps(db, nsteps):
-        S = [f"p{a}_{b} = F0" for a in range(TMS) for b in range(TNS)]
-        for k in range(nsteps):
-            S += [f"q{a}_0, q{a}_1, q{a}_2, q{a}_3 = ld4(sm, qb + {db} + {c.WSY * a * c.DP + 4 * k})" for a in range(TMS)]
-            S += [f"k{b}_0, k{b}_1, k{b}_2, k{b}_3 = ld4(sm, kb + {db} + {c.WSX * b * c.DP + 4 * k})" for b in range(TNS)]
-            S += [f"p{a}_{b} = fma(q{a}_{e}, k{b}_{e}, p{a}_{b})" for e in range(4) for a in range(TMS) for b in range(TNS)]
-        return S + [f"t{a}_{b} = t{a}_{b} + p{a}_{b}" for a in range(TMS) for b in range(TNS)]
+    # P·V: one key for every (vector, column)
+    def pvloads():
+        L = []
+        for g in range(TMO // gp):
+            names = ", ".join(f"pp{g * gp + e}" for e in range(gp))
+            L.append(f"    {names} = {ld[gp]}(sm, pa + {g * c.WOY * gp})" if gp > 1 else f"    {names} = ld1(sm, pa + {g * c.WOY})")
+        for g in range(TNO // gv):
+            names = ", ".join(f"vv{g * gv + e}" for e in range(gv))
+            L.append(f"    {names} = {ld[gv]}(sm, va + {g * c.WOX * gv})" if gv > 1 else f"    {names} = ld1(sm, va + {g * c.WOX})")
+        return L + ["    vv = " + _tup(f"vv{b}" for b in range(TNO))]
+    F += ["@devf", "def fmarow(x, v, o):", "    return " + _tup(f"fma(x, v[{b}], o[{b}])" for b in range(TNO))]
+    F += ["@devf", "def fmarowm(ok, x, v, o):", "    return " + _tup(f"sel(ok, fma(x, v[{b}], o[{b}]), o[{b}])" for b in range(TNO))]
+    F += ["@devf", "def pv1(sm, pa, va, o):"] + pvloads()
+    F += ["    return " + _tup(f"fmarow(pp{a}, vv, o[{a}])" for a in range(TMO))]
+    F += ["@devf", "def pv1m(sm, pa, va, o, j, n):"] + pvloads()
+    F += ["    return " + _tup(f"fmarowm(j < n[{a}], pp{a}, vv, o[{a}])" for a in range(TMO))]
+    F += ["@devf", "def nrows(Nv, oy):", "    return " + _tup(f"ld1(Nv, oy + {roff[a]})" for a in range(TMO))]
+    # merge of tile t into the running accumulators (prime): the first tile sets, later ones merge
+    F += ["@devf", "def mrow(n, first, al, be, c, o):",
+          "    return " + _tup(f"sel(n, sel(first, o[{b}], fma(c[{b}], al, fmul(o[{b}], be))), c[{b}])" for b in range(TNO))]
+    F += ["@devf", "def merge(c, o, first, Nv, Al, Be, oy):",
+          "    return " + _tup(f"mrow(ld1(Nv, oy + {roff[a]}) > 0, first, ld1(Al, oy + {roff[a]}), ld1(Be, oy + {roff[a]}), c[{a}], o[{a}])"
+                               for a in range(TMO))]
+    # outputs
+    F += ["@devf", "def orow(out, ra, oa, c, la, ox):"]
+    for b in range(TNO):
+        if c.DPV > c.D:
+            F += [f"    if ox + {coff[b]} < {c.D}:", f"        out[ra, oa + {coff[b]}] = c[{b}] / la"]
+        else:
+            F += [f"    out[ra, oa + {coff[b]}] = c[{b}] / la"]
+    F += ["@devf", "def store_out(out, c, Ls, oy, ox, r0, hb, nv):"]
+    for a in range(TMO):
+        F += [f"    if oy + {roff[a]} < nv:",
+              f"        orow(out, r0 + (oy + {roff[a]}) // {c.G}, (hb + (oy + {roff[a]}) % {c.G}) * {c.D} + ox, c[{a}], "
+              f"ld1(Ls, oy + {roff[a]}), ox)"]
+    F += ["@devf", "def srow(A, vg, t, o, ox):"]
+    for b in range(TNO):
+        if c.DPV > c.D:
+            F += [f"    if ox + {coff[b]} < {c.D}:", f"        A[vg, t, ox + {coff[b]}] = o[{b}]"]
+        else:
+            F += [f"    A[vg, t, ox + {coff[b]}] = o[{b}]"]
+    F += ["@devf", "def store_stats(A, o, t, Nv, oy, ox, r0, hb, hq):"]
+    for a in range(TMO):
+        F += [f"    if ld1(Nv, oy + {roff[a]}) > 0:",
+              f"        srow(A, (r0 + (oy + {roff[a]}) // {c.G}) * hq + hb + (oy + {roff[a]}) % {c.G}, t, o[{a}], ox)"]
+    return F
+
+
+def _qk(c):
+    """t: the canonical dot of the thread's (vector, key) pairs: per 32-wide slice an fma chain from
+    +0 (4 d per 128-bit load), the slice partial added to the total (which starts at +0)."""
+    L = [f"ts = {_zeros(c.TMS, c.TNS)}"]
+
+    def slice_(db, nsteps):
+        return _flat(f"p = {_zeros(c.TMS, c.TNS)}",
+                     [f"p = qk4(sm, qb + {db} + {4 * k}, kb + {db} + {4 * k}, p)" for k in range(nsteps)],
+                     "ts = tadd(ts, p)")
 
     nfull, rem = divmod(c.DQ, SLICE)
     if nfull:
-        L += [f"for sl in range({nfull}):"] + _ind(1, steps(f"sl * {SLICE}", SLICE // 4))
+        L += [f"for sl in range({nfull}):"] + _ind(1, slice_(f"sl * {SLICE}", SLICE // 4))
     if rem:
-        L += steps(str(nfull * SLICE), rem // 4)
-    return L
-
-
-def _pv_loads(c, j):
-    gp, gv = min(4, c.TMO), min(4, c.TNO)
-    ld = {4: "ld4", 2: "ld2"}
-    L = []
-    for g in range(c.TMO // gp):
-        names = ", ".join(f"pp{g * gp + e}" for e in range(gp))
-        L.append(f"{names} = {ld[gp]}(sm, pb{g} + ({j}) * {c.PS})" if gp > 1 else f"{names} = sm[pb{g} + ({j}) * {c.PS}]")
-    for g in range(c.TNO // gv):
-        names = ", ".join(f"vv{g * gv + e}" for e in range(gv))
-        L.append(f"{names} = {ld[gv]}(sm, vb{g} + ({j}) * {c.VP})" if gv > 1 else f"{names} = sm[vb{g} + ({j}) * {c.VP}]")
+        L += slice_(str(nfull * SLICE), rem // 4)
     return L
 
 
 def _pv(c, unroll=2):
-    """o{a}_{b} = Σ_j fma(p[vector a, key j], v[key j, column b], ·), keys in order from +0; in a tile
-    that is partial for some vector (not ``full``) the chain of a vector stops at its n keys."""
-    TMO, TNO = c.TMO, c.TNO
-    full = []
-    for u in range(unroll):
-        full += _pv_loads(c, f"j + {u}")
-        full += [f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b})" for a in range(TMO) for b in range(TNO)]
-    masked = _pv_loads(c, "j") + [f"ok{a} = j < n{a}" for a in range(TMO)]
-    masked += [f"o{a}_{b} = fma(pp{a}, vv{b}, o{a}_{b}) if ok{a} else o{a}_{b}" for a in range(TMO) for b in range(TNO)]
+    """o: Σ_j fma(p[vector, key j], v[key j, column], ·), keys in order from +0; in a tile that is
+    partial for some vector (not ``full``) the chain of a vector stops at its n keys."""
     return _flat(
-        [f"o{a}_{b} = F0" for a in range(TMO) for b in range(TNO)],
+        f"o = {_zeros(c.TMO, c.TNO)}",
         "if full:",
         f"    for j in range(0, {TILE}, {unroll}):",
-        _ind(2, full),
+        [f"        o = pv1(sm, pa + (j + {u}) * {c.PS}, va + (j + {u}) * {c.VP}, o)" for u in range(unroll)],
         "else:",
-        _ind(1, [f"n{a} = Nv[orow{a}]" for a in range(TMO)]),
+        "    nn = nrows(Nv, oy)",
         "    for j in range(jmax):",
-        _ind(2, masked),
+        f"        o = pv1m(sm, pa + j * {c.PS}, va + j * {c.VP}, o, j, nn)",
     )
 
 
@@ -466,84 +552,75 @@ def _row_pass(c, SS, tail):
     segments in order; a NaN first score is the twin's answer), p = exp32(s − mt) in place, then
     lt = Σ p left to right (one thread per vector) and ``tail`` (the merge or the statistics)."""
     PS, SEG, BQ = c.PS, c.SEG, c.BQ
-    A = [
-        f"rv = tid % {BQ}",
-        f"rq = tid // {BQ}",
-        f"rn = min({TILE}, p0 + r0 + rv // {c.G} + 1 - k0) if rv < nv else 0",
-        "if rq == 0:",
-        "    Nv[rv] = rn",
-        f"s0 = sm[{SS} + rv]",  # before anyone overwrites key 0 with its p
-        "mx = NAN",
-    ]
-    for k in range(SEG):
-        A += [f"if rq * {SEG} + {k} < rn:",
-              f"    x = sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv]",
-              "    if x > mx or mx != mx:",
-              "        mx = x"]
-    A += [f"Mq[rq * {BQ} + rv] = mx", "cuda.syncthreads()"]
+    A = [f"rv = tid % {BQ}",
+         f"rq = tid // {BQ}",
+         f"rn = min({TILE}, p0 + r0 + rv // {c.G} + 1 - k0) if rv < nv else 0",
+         "if rq == 0:",
+         "    Nv[rv] = rn",
+         f"s0 = sm[{SS} + rv]",  # before anyone overwrites key 0 with its p
+         f"rs = {SS} + rq * {SEG * PS} + rv",
+         "mx = NAN",
+         f"for k in range(min({SEG}, rn - rq * {SEG})):",
+         f"    x = sm[rs + k * {PS}]",
+         "    if x > mx or mx != mx:",
+         "        mx = x",
+         f"Mq[rq * {BQ} + rv] = mx",
+         "cuda.syncthreads()"]
     B = ["if rn > 0:", "    mt = Mq[rv]"]
-    for q in range(1, c.NQT):
-        B += [f"    x = Mq[{q * BQ} + rv]", "    if x > mt or mt != mt:", "        mt = x"]
+    if c.NQT > 1:
+        B += [f"    for q in range(1, {c.NQT}):", f"        x = Mq[q * {BQ} + rv]", "        if x > mt or mt != mt:",
+              "            mt = x"]
     B += ["    if s0 != s0:", "        mt = s0",
-          "    if rq == 0:", "        Ms[rv] = mt"]
-    for k in range(SEG):
-        B += [f"    if rq * {SEG} + {k} < rn:",
-              f"        sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv] = exp32(sm[{SS} + (rq * {SEG} + {k}) * {PS} + rv] - mt)"]
-    B += ["cuda.syncthreads()"]
+          "    if rq == 0:", "        Ms[rv] = mt",
+          f"    for k in range(min({SEG}, rn - rq * {SEG})):",
+          f"        sm[rs + k * {PS}] = exp32(sm[rs + k * {PS}] - mt)",
+          "cuda.syncthreads()"]
     C = ["if rq == 0 and rn > 0:",
          "    lt = F0",
-         f"    if rn == {TILE}:"]
-    for j0 in range(0, TILE, 16):  # 16 loads in flight, then their adds in order
-        C += [f"        y{j} = sm[{SS} + {(j0 + j) * PS} + rv]" for j in range(16)]
-        C += [f"        lt = lt + y{j}" for j in range(16)]
+         f"    if rn == {TILE}:",
+         f"        for j0 in range(0, {TILE * PS}, {16 * PS}):"]  # 16 loads in flight, then their adds in order
+    C += [f"            y{j} = sm[{SS} + j0 + {j * PS} + rv]" for j in range(16)]
+    C += [f"            lt = lt + y{j}" for j in range(16)]
     C += ["    else:",
           "        for j in range(rn):",
           f"            lt = lt + sm[{SS} + j * {PS} + rv]"]
-    C += _ind(1, tail)
-    return A + B + C
-
-
-def _setup(c):
-    """Thread coordinates and shared-memory bases of the two products (all tile-independent)."""
-    QS, KS, VS, SS, _ = c.layout()
-    nw = c.NT // 32
-    wgr = c.BQ // (c.WSY * c.TMS)  # Q·Kᵀ warps along vectors
-    wor = c.BQ // (c.WOY * c.TMO)  # P·V warps along vectors
-    gp, gv = min(4, c.TMO), min(4, c.TNO)
-    L = ["lane = tid % 32", "warp = tid // 32",
-         f"sy = (warp % {wgr}) * {c.WSY * c.TMS} + lane // {c.WSX}",
-         f"sx = (warp // {wgr}) * {c.WSX * c.TNS} + lane % {c.WSX}"]
-    L += [f"qb = {QS} + sy * {c.DP}", f"kb = {KS} + sx * {c.DP}", f"sb = {SS} + sx * {c.PS} + sy"]
-    L += [f"oy = (warp % {wor}) * {c.WOY * c.TMO} + (lane // {c.WOX}) * {gp}",
-          f"ox = (warp // {wor}) * {c.WOX * c.TNO} + (lane % {c.WOX}) * {gv}"]
-    L += [f"orow{g * gp + e} = oy + {g * c.WOY * gp + e}" for g in range(c.TMO // gp) for e in range(gp)]
-    L += [f"ocol{g * gv + e} = ox + {g * c.WOX * gv + e}" for g in range(c.TNO // gv) for e in range(gv)]
-    L += [f"pb{g} = {SS} + oy + {g * c.WOY * gp}" for g in range(c.TMO // gp)]
-    L += [f"vb{g} = {VS} + ox + {g * c.WOX * gv}" for g in range(c.TNO // gv)]
-    w = 4 if c.vec else 1
-    cpr = c.D // w
-    if c.NT % cpr == 0:
-        L += [f"lj = tid // {cpr}", f"lcol = (tid % {cpr}) * {w}"]
-    _ = nw
-    return L
+    return A + B + C + _ind(1, tail)
 
 
 def source(c: Cfg) -> str:
     """The kernel's Python source for configuration c (every constant folded in)."""
     c.check()
     QS, KS, VS, SS, _ = c.layout()
-    TMO, TNO = c.TMO, c.TNO
+    nw = c.NT // 32
+    wgr = c.BQ // (c.WSY * c.TMS)  # Q·Kᵀ warps along vectors
+    wor = c.BQ // (c.WOY * c.TMO)  # P·V warps along vectors
+    gp, gv = min(4, c.TMO), min(4, c.TNO)
+    w = 4 if c.vec else 1
+    cpr = c.D // w
+    setup = ["tid = cuda.threadIdx.x",
+             "kvh = hb // (hq // hkv)",
+             f"ko = kvh * {c.D}",
+             f"nv = nr * {c.G}",
+             "lane = tid % 32",
+             "warp = tid // 32",
+             f"sy = (warp % {wgr}) * {c.WSY * c.TMS} + lane // {c.WSX}",
+             f"sx = (warp // {wgr}) * {c.WSX * c.TNS} + lane % {c.WSX}",
+             f"qb = {QS} + sy * {c.DP}", f"kb = {KS} + sx * {c.DP}", f"sb = {SS} + sx * {c.PS} + sy",
+             f"oy = (warp % {wor}) * {c.WOY * c.TMO} + (lane // {c.WOX}) * {gp}",
+             f"ox = (warp // {wor}) * {c.WOX * c.TNO} + (lane % {c.WOX}) * {gv}",
+             f"pa = {SS} + oy", f"va = {VS} + ox"]
+    if c.NT % cpr == 0:
+        setup += [f"lj = tid // {cpr}", f"lcol = (tid % {cpr}) * {w}"]
+    _ = nw
     loadK = lambda t: _loader(c, KS, c.DP, "kc", f"({t}) * {TILE}", f"min({TILE}, pmax + 1 - ({t}) * {TILE})")  # noqa: E731
     loadV = lambda t: _loader(c, VS, c.VP, "vc", f"({t}) * {TILE}", f"min({TILE}, pmax + 1 - ({t}) * {TILE})")  # noqa: E731
-    store_s = [f"sm[sb + {c.WSX * b * c.PS + c.WSY * a}] = fmul(t{a}_{b}, scale)" for a in range(c.TMS) for b in range(c.TNS)]
-    shared = [
-        "sm = cuda.shared.array(0, float32)",
-        f"Ms = cuda.shared.array({c.BQ}, float32)",
-        f"Mq = cuda.shared.array({c.BQ * c.NQT}, float32)",
-        f"Al = cuda.shared.array({c.BQ}, float32)",
-        f"Be = cuda.shared.array({c.BQ}, float32)",
-        f"Nv = cuda.shared.array({c.BQ}, int32)",
-    ]
+    shared = ["sm = cuda.shared.array(0, float32)",
+              f"Ms = cuda.shared.array({c.BQ}, float32)",
+              f"Mq = cuda.shared.array({c.BQ * c.NQT}, float32)",
+              f"Al = cuda.shared.array({c.BQ}, float32)",
+              f"Be = cuda.shared.array({c.BQ}, float32)",
+              f"Nv = cuda.shared.array({c.BQ}, int32)"]
+    pv_head = [f"full = k0 + {TILE - 1} <= pmin", f"jmax = min({TILE}, pmax + 1 - k0)"]
     if c.mode == "prime":
         sig = "def kernel(Q, kc, vc, out, start, pb, R, hq, hkv, scale):"
         where = ["qt = cuda.gridDim.x - 1 - cuda.blockIdx.x",  # longest blocks first
@@ -558,23 +635,11 @@ def source(c: Cfg) -> str:
         tail = ["if t == 0:", "    m = Ms[rv]", "    l = lt",
                 "else:", "    m, alpha, beta = merge_scale(m, Ms[rv])", "    l = merge_acc(l, alpha, lt, beta)",
                 "    Al[rv] = alpha", "    Be[rv] = beta"]
-        use = []
-        for a in range(TMO):
-            use += [f"if Nv[orow{a}] > 0:", "    if t == 0:"]
-            use += [f"        c{a}_{b} = o{a}_{b}" for b in range(TNO)]
-            use += ["    else:", f"        al = Al[orow{a}]", f"        be = Be[orow{a}]"]
-            use += [f"        c{a}_{b} = merge_acc(c{a}_{b}, al, o{a}_{b}, be)" for b in range(TNO)]
-        init = ["m = F0", "l = F0"] + [f"c{a}_{b} = F0" for a in range(TMO) for b in range(TNO)]
-        fin = ["cp_wait0()", "cuda.syncthreads()",  # the last Al / Be reads are done: reuse Al for l
-               f"if tid < {c.BQ}:", "    Al[tid] = l", "cuda.syncthreads()"]
-        for a in range(TMO):
-            fin += [f"if orow{a} < nv:",
-                    f"    ra = r0 + orow{a} // {c.G}",
-                    f"    oa = (hb + orow{a} % {c.G}) * {c.D}",
-                    f"    la = Al[orow{a}]"]
-            for b in range(TNO):
-                fin += [f"    if ocol{b} < {c.D}:" if c.DPV > c.D else "    if True:",
-                        f"        out[ra, oa + ocol{b}] = c{a}_{b} / la"]
+        use = ["c = merge(c, o, t == 0, Nv, Al, Be, oy)"]
+        init = ["m = F0", "l = F0", f"c = {_zeros(c.TMO, c.TNO)}"]
+        fin = ["cp_wait0()", "cuda.syncthreads()",  # the last Al reads are done: Al holds l now
+               f"if tid < {c.BQ}:", "    Al[tid] = l", "cuda.syncthreads()",
+               "store_out(out, c, Al, oy, ox, r0, hb, nv)"]
     else:
         sig = "def kernel(Q, kc, vc, start, pb, R, hq, hkv, scale, ML, A):"
         where = [f"hb = cuda.blockIdx.y * {c.G}",
@@ -590,65 +655,37 @@ def source(c: Cfg) -> str:
         tail = [f"vg = (r0 + rv // {c.G}) * hq + hb + rv % {c.G}",
                 "ML[vg, t, 0] = Ms[rv]",
                 "ML[vg, t, 1] = lt"]
-        use = []
-        for a in range(TMO):
-            use += [f"if Nv[orow{a}] > 0:", f"    vg = (r0 + orow{a} // {c.G}) * hq + hb + orow{a} % {c.G}"]
-            for b in range(TNO):
-                use += [f"    if ocol{b} < {c.D}:" if c.DPV > c.D else "    if True:",
-                        f"        A[vg, t, ocol{b}] = o{a}_{b}"]
+        use = ["store_stats(A, o, t, Nv, oy, ox, r0, hb, hq)"]
         init, fin = [], ["cp_wait0()"]
 
     if c.kv_shared:  # one tile; V goes into K's buffer once Q·Kᵀ is done
-        loop = _flat(
-            "t = t0",
-            f"k0 = t * {TILE}",
-            "cp_wait0()",
-            "cuda.syncthreads()",
-            _qk(c), store_s,
-            "cuda.syncthreads()",
-            loadV("t"), "cp_commit()",
-            _row_pass(c, SS, tail),
-            "cp_wait0()",
-            "cuda.syncthreads()",
-            f"full = k0 + {TILE - 1} <= pmin",
-            f"jmax = min({TILE}, pmax + 1 - k0)",
-            _pv(c), use,
-        )
         prologue = _flat(_qload(c, QS), loadK("t0"), "cp_commit()")
+        loop = _flat("t = t0", f"k0 = t * {TILE}", "cp_wait0()", "cuda.syncthreads()",
+                     _qk(c), "sstore(sm, sb, ts, scale)", "cuda.syncthreads()",
+                     loadV("t"), "cp_commit()",
+                     _row_pass(c, SS, tail),
+                     "cp_wait0()", "cuda.syncthreads()",
+                     pv_head, _pv(c), use)
     else:
+        prologue = _flat(_qload(c, QS), loadK("t0"), "cp_commit()", loadV("t0"), "cp_commit()")
         loop = _flat(
             "for t in range(t0, t1):",
             _ind(1,
                  f"k0 = t * {TILE}",
                  "cp_wait1()",  # K_t (and Q) landed; V_t may still be in flight
                  "cuda.syncthreads()",
-                 _qk(c), store_s,
+                 _qk(c), "sstore(sm, sb, ts, scale)",
                  "cuda.syncthreads()",
-                 "if t + 1 < t1:",
-                 _ind(1, loadK("t + 1")),
+                 "if t + 1 < t1:", _ind(1, loadK("t + 1")),
                  "cp_commit()",
                  _row_pass(c, SS, tail),
                  "cp_wait1()",  # V_t landed; K_{t+1} may still be in flight
                  "cuda.syncthreads()",
-                 f"full = k0 + {TILE - 1} <= pmin",
-                 f"jmax = min({TILE}, pmax + 1 - k0)",
-                 _pv(c), use,
+                 pv_head, _pv(c), use,
                  "cuda.syncthreads()",
-                 "if t + 1 < t1:",
-                 _ind(1, loadV("t + 1")),
-                 "cp_commit()"),
-        )
-        prologue = _flat(_qload(c, QS), loadK("t0"), "cp_commit()", loadV("t0"), "cp_commit()")
-    body = _flat(
-        sig,
-        _ind(1,
-             where, shared,
-             "tid = cuda.threadIdx.x",
-             "kvh = hb // (hq // hkv)",
-             f"ko = kvh * {c.D}",
-             f"nv = nr * {c.G}",
-             _setup(c), prologue, init, loop, fin),
-    )
+                 "if t + 1 < t1:", _ind(1, loadV("t + 1")),
+                 "cp_commit()"))
+    body = _flat(_devfuncs(c), sig, _ind(1, where, shared, setup, prologue, init, loop, fin))
     return _lower_shared("\n".join(body) + "\n")
 
 
@@ -661,13 +698,28 @@ def _lower_shared(src):
 
 
 _NS = dict(cuda=cuda, float32=float32, int32=int32, F0=F32(0.0), NAN=F32(np.nan), fma=fma, fmul=fmul,
-           exp32=exp32, merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld1=ld1, st1=st1, ld4g=ld4g, st4=st4,
+           exp32=exp32, merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld1=ld1, st1=st1, sel=sel, devf=devf, ld4g=ld4g, st4=st4,
            cp16=cp16, cp4=cp4, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
+
+
+if not SIMULATED:  # the primitives themselves (builtins type faster than device-function calls)
+    from numba.cuda import libdevice as _libdevice
+
+    _NS.update(libdevice=_libdevice)
+
+
+def _primitives(src):
+    """On the GPU, call cuda.fma / libdevice.fmul_rn (what prims.fma / prims.fmul wrap) directly:
+    Numba types a builtin call much faster than a device-function call."""
+    if SIMULATED:
+        return src
+    src = re.sub(r"(?<![.\w])fma\(", "cuda.fma(", src)
+    return re.sub(r"(?<![.\w])fmul\(", "libdevice.fmul_rn(", src)
 
 
 def pyfunc(c: Cfg):
     ns = dict(_NS)
-    exec(compile(source(c), f"<attn {c.mode} {c.name} D{c.D}>", "exec"), ns)
+    exec(compile(_primitives(source(c)), f"<attn {c.mode} {c.name} D{c.D}>", "exec"), ns)
     return ns["kernel"]
 
 
