@@ -184,6 +184,47 @@ if not SIMULATED:
     cp16 = _cp_async(16)
     cp4 = _cp_async(4)
 
+    def _cp_async_flat(nbytes):
+        kind = "cg" if nbytes == 16 else "ca"
+
+        def cp(typingctx, dst, di, src, soff, rs):
+            sig = _t.void(dst, di, src, soff, rs)
+
+            def codegen(context, builder, signature, args):
+                d = _ptr(context, builder, signature.args[0], args[0], [args[1]])
+                a = context.make_array(signature.args[2])(context, builder, value=args[2])
+                so = args[3] if args[3].type.width == 64 else builder.sext(args[3], ir.IntType(64))
+                s = builder.gep(a.data, [so])
+                d32 = builder.ptrtoint(builder.addrspacecast(d, ir.PointerType(ir.FloatType(), 3)), ir.IntType(32))
+                s64 = builder.ptrtoint(builder.addrspacecast(s, ir.PointerType(ir.FloatType(), 1)), ir.IntType(64))
+                fn = ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(64)])
+                asm = ir.InlineAsm(fn, f"cp.async.{kind}.shared.global [$0], [$1], {nbytes};", "r,l,~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [d32, s64])
+                return context.get_dummy_value()
+
+            return sig, codegen
+        return intrinsic(cp)
+
+    cp16f = _cp_async_flat(16)  # (dst, di, src, element offset from src's data, row stride: unused)
+    cp4f = _cp_async_flat(4)
+
+    @intrinsic
+    def ld4gf(typingctx, arr, soff, rs):
+        """Four floats at element offset soff from arr's data, one 128-bit load."""
+        sig = _t.UniTuple(_t.float32, 4)(arr, soff, rs)
+
+        def codegen(context, builder, signature, args):
+            a = context.make_array(signature.args[0])(context, builder, value=args[0])
+            so = args[1] if args[1].type.width == 64 else builder.sext(args[1], ir.IntType(64))
+            p = builder.gep(a.data, [so])
+            vt = ir.VectorType(ir.FloatType(), 4)
+            v = builder.load(builder.bitcast(p, vt.as_pointer()), align=16)
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(4)])
+
+        return sig, codegen
+
     def _asm0(text):
         def f(typingctx):
             sig = _t.void()
@@ -233,6 +274,19 @@ else:
 
     def cp4(d, i, s, r, c):
         d[i] = s[r, c]
+
+    def cp16f(d, i, s, off, rs):
+        r, c = divmod(off, rs)
+        for k in range(4):
+            d[i + k] = s[r, c + k]
+
+    def cp4f(d, i, s, off, rs):
+        r, c = divmod(off, rs)
+        d[i] = s[r, c]
+
+    def ld4gf(s, off, rs):
+        r, c = divmod(off, rs)
+        return s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3]
 
     def cp_commit():
         pass
@@ -408,9 +462,23 @@ def _loader(c, buf, stride, arr, kstart, nk):
     """Stage rows kstart .. kstart + nk − 1 of arr[:, ko : ko + D] at sm[buf + j·stride]."""
     w = 4 if c.vec else 1
     cpr = c.D // w  # copies per row
+    rs = "rsk" if arr == "kc" else "rsv"  # row stride of arr in elements
     if c.NT % cpr == 0:  # every thread copies one fixed column of rows lj, lj + NT/cpr, …
-        return [f"for j in range(lj, {nk}, {c.NT // cpr}):"] + _ind(
-            1, _copy(c, f"{buf} + j * {stride} + lcol", arr, f"{kstart} + j", "ko + lcol", w))
+        step = c.NT // cpr
+        if c.cpa:
+            op = f"cp16f(sm, ld_, {arr}, ls_, {rs})" if w == 4 else f"cp4f(sm, ld_, {arr}, ls_, {rs})"
+        else:
+            op = (f"x0, x1, x2, x3 = ld4gf({arr}, ls_, {rs})\nst4(sm, ld_, x0, x1, x2, x3)" if w == 4
+                  else f"x0 = {arr}[({kstart}) + lj_, ko + lcol]\nsm[ld_] = x0")
+        return _flat("lj_ = lj",
+                     f"ld_ = {buf} + lj * {stride} + lcol",
+                     f"ls_ = (({kstart}) + lj) * {rs} + ko + lcol",
+                     f"lk_ = {nk}",
+                     "while lj_ < lk_:",
+                     _ind(1, op),
+                     f"    lj_ += {step}",
+                     f"    ld_ += {step * stride}",
+                     f"    ls_ += {step} * {rs}")
     return [f"for e in range(tid, ({nk}) * {cpr}, {c.NT}):",
             f"    j = e // {cpr}",
             f"    cc = (e - j * {cpr}) * {w}"] + _ind(1, _copy(c, f"{buf} + j * {stride} + cc", arr,
@@ -598,6 +666,8 @@ def source(c: Cfg) -> str:
     w = 4 if c.vec else 1
     cpr = c.D // w
     setup = ["tid = cuda.threadIdx.x",
+             "rsk = kc.strides[0] // 4",
+             "rsv = vc.strides[0] // 4",
              "kvh = hb // (hq // hkv)",
              f"ko = kvh * {c.D}",
              f"nv = nr * {c.G}",
@@ -699,7 +769,7 @@ def _lower_shared(src):
 
 _NS = dict(cuda=cuda, float32=float32, int32=int32, F0=F32(0.0), NAN=F32(np.nan), fma=fma, fmul=fmul,
            exp32=exp32, merge_scale=merge_scale, merge_acc=merge_acc, ld4=ld4, ld2=ld2, ld1=ld1, st1=st1, sel=sel, devf=devf, ld4g=ld4g, st4=st4,
-           cp16=cp16, cp4=cp4, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
+           cp16=cp16, cp4=cp4, cp16f=cp16f, cp4f=cp4f, ld4gf=ld4gf, cp_commit=cp_commit, cp_wait1=cp_wait1, cp_wait0=cp_wait0, min=min)
 
 
 if not SIMULATED:  # the primitives themselves (builtins type faster than device-function calls)
@@ -863,7 +933,7 @@ def attention_prime(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, varia
     """Causal GQA attention for R query rows at positions start (+ pos[0]) .. by query tiles.
     Q [R, hq·D]; kc, vc [capacity, hkv·D]; out [R, hq·D]."""
     rep = hq // hkv
-    G = PRIME[variant]["G"]
+    G = kw.pop("G", PRIME[variant]["G"])
     if rep % G:
         G = _group(rep, PRIME[variant]["BQ"])
     c = prime_cfg(D, variant, G=G, vec=D % 4 == 0 and _aligned(Q, kc, vc), **kw)
