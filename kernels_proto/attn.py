@@ -410,6 +410,8 @@ SPLIT = {
     "s16": dict(BQ=16, NT=128, TMS=4, TNS=2, WSY=4, TMO=4, WOY=4),
     "s32": dict(BQ=32, NT=128, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
     "s64": dict(BQ=64, NT=256, TMS=4, TNS=4, WSY=4, TMO=8, WOY=4),
+    "s32w": dict(BQ=32, NT=256, TMS=4, TNS=2, WSY=4, TMO=4, WOY=8),  # 8 warps for 32 vectors
+    "s64t512": dict(BQ=64, NT=512, TMS=4, TNS=2, WSY=4, TMO=8, WOY=4),
 }
 
 

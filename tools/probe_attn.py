@@ -53,12 +53,14 @@ def _r(x, n):
 # ------------------------------------------------------------------------------------------------
 FULL = dict(
     hq=16, hkv=2, D=256,
-    prime_T=(4096, 16384, 32768),
-    prime_variants=("p64t512", "p64", "p64t512g8", "p64g8", "p64:sync", "p32"),
+    prime_T=(32768, 4096, 16384),
+    prime_variants=("p64t512", "p64", "p64t512g8", "p64:sync"),
+    prime_variants_small=2,  # below the largest T only the first two
     prime_reps={4096: 5, 16384: 3, 32768: 2},
     decode_ctx=(512, 4096, 32768),
     decode_R=(1, 4, 5, 16),
     capacity=32768 + 64,
+    decode_extra={1: ["s8:kvs"], 4: ["s32w"], 5: ["s16"], 16: ["s64t512:TPB4"]},
     decode_reps=20,
     sample_rows=12,
     edges=[  # (variant or "split", D, hq, hkv, start, R)
@@ -75,10 +77,12 @@ SIM = dict(  # every code path once, on shapes the simulator runs in a few minut
     hq=4, hkv=2, D=16,
     prime_T=(130,),
     prime_variants=("p64t512", "p64:sync"),
+    prime_variants_small=2,
     prime_reps={130: 1},
     decode_ctx=(70,),
     decode_R=(1, 5),
     capacity=136,
+    decode_extra={1: ["s8:kvs"], 5: ["s32w:TPB2"]},
     decode_reps=1,
     sample_rows=6,
     edges=[("p64", 33, 3, 1, 50, 20), ("split", 33, 3, 1, 70, 3)],
@@ -195,7 +199,7 @@ class Probe:
             t = time.time()
             want = self.twin_rows(Q, kc, vc, rows, 0, hq, hkv, D, scale)
             self.add(section="prime", name="cpu-twin", shape=f"T{T} rows{len(rows)}", cpu_s=round(time.time() - t, 2))
-            for v in p["prime_variants"]:
+            for v in p["prime_variants"][: None if T == Tmax else p["prime_variants_small"]]:
                 name, kw = parse_variant(v)
 
                 def run(name=name, kw=kw):
@@ -328,13 +332,7 @@ class Probe:
                     return copies[state["i"]]
 
                 base = attn.split_variant(R, rep)
-                variants = [base]
-                if R == 1:
-                    variants += [base + ":kvs"]
-                if R in (4, 5):
-                    variants += ["s32" if base != "s32" else "s16", "s64:TPB2" if base == "s64" else base + ":TPB2"]
-                if R == 16:
-                    variants += ["s64:TPB4", "s32"]
+                variants = [base] + p["decode_extra"].get(R, [])
                 for v in variants:
                     name, kw = parse_variant(v)
 
