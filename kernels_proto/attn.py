@@ -899,16 +899,27 @@ def _launch(disp, smem, grid, block, args):
         disp[grid, block, 0, smem](*args)
         return
     if smem > 48 * 1024:
-        key = (id(disp), smem)
+        types_ = tuple(disp.typeof_pyval(a) for a in args)
+        key = (id(disp), smem, types_)
         if key not in _OPTED:
-            disp.compile(tuple(disp.typeof_pyval(a) for a in args))
-            from numba.cuda.cudadrv.driver import binding, driver
-            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            for ov in disp.overloads.values():
-                f = ov._codelibrary.get_cufunc()
-                driver.cuKernelSetAttribute(attr, smem, f.handle, f.device.id)
+            ov = disp.compile(types_)
+            _opt_in(ov._codelibrary.get_cufunc(), smem)
             _OPTED.add(key)
     disp[grid, block, 0, smem](*args)
+
+
+def _opt_in(f, smem):
+    """Allow ``smem`` bytes of dynamic shared memory (above the 48 KB default) for kernel f, as
+    numba's own ``set_shared_memory_carveout`` sets an attribute."""
+    from numba.cuda.cudadrv.driver import binding, driver
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    try:
+        driver.cuKernelSetAttribute(attr, smem, f.handle, f.device.id)
+    except Exception:  # noqa: BLE001  (a CUfunction handle: the older API)
+        fn = f.handle
+        if not isinstance(fn, binding.CUfunction):
+            fn = driver.cuKernelGetFunction(f.handle)
+        driver.cuFuncSetAttribute(fn, attr, smem)
 
 
 def prime_cfg(D, variant="p64", **kw):

@@ -412,6 +412,26 @@ def print_table(rows):
               + (f"  ERROR {r['error'][:60]}" if r.get("error") else ""))
 
 
+def print_best(rows):
+    """The fastest bitwise variant per shape (prime: TFLOP/s; decode: µs) beside the anchors."""
+    best = {}
+    for r in rows:
+        if r.get("bitwise") is not True or r["name"].startswith("anchor:") or r["section"] not in ("prime", "decode"):
+            continue
+        key = (r["section"], r["shape"])
+        val = r.get("ms") if r["section"] == "prime" else r.get("us")
+        if val is not None and (key not in best or val < best[key][0]):
+            best[key] = (val, r["name"], r.get("tflops"))
+    print("\nbest bitwise variant per shape:")
+    for (sec, shape), (val, name, tf) in best.items():
+        anchors = [f"{r['name'][7:]} {r.get('ms') or r.get('us')}" for r in rows
+                   if r["section"] == sec and r["name"].startswith("anchor:") and r.get("shape", "").split(" ")[0] == shape.split(" ")[0]
+                   and (sec == "prime" or r.get("shape") == shape)]
+        unit = "ms" if sec == "prime" else "us"
+        print(f"  {sec:6} {shape:14} {name:16} {val} {unit}" + (f" ({tf} TFLOP/s)" if sec == "prime" else "")
+              + (f"   anchors: {', '.join(anchors)}" if anchors else ""))
+
+
 # ------------------------------------------------------------------------------------------------
 # static analysis (no GPU): PTX → ptxas → SASS, per variant
 # ------------------------------------------------------------------------------------------------
@@ -517,6 +537,7 @@ def main(argv=None) -> int:
         json.dump(res, f, indent=1, default=str)
     os.replace(path + ".tmp", path)
     print_table(pr.rows)
+    print_best(pr.rows)
     print(f"wrote {path} ({res['wall_s']} s)")
     bad = [r for r in pr.rows if r.get("bitwise") is False and not r["name"].startswith("anchor:")]
     return 1 if bad else 0
