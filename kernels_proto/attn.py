@@ -810,14 +810,43 @@ def kernel(c: Cfg):
 # ------------------------------------------------------------------------------------------------
 # the ordered merge of split statistics
 # ------------------------------------------------------------------------------------------------
-MERGE_NT = 64
-MERGE_CH = 128
+MERGE_NT = 64  # threads per merge block: 64 consecutive d
+MERGE_CH = 128  # tiles staged in shared memory at a time
+_MB = 16  # sequential steps whose loads are issued together
+
+
+def _merge_helpers():
+    """Batches of _MB steps of the merge's three sequential chains, loads first (a rolled loop
+    would wait for each load: ~500 cycles × 512 tiles at 32k)."""
+    ks = range(_MB)
+    src = ["@devf", "def mx_batch(m, Mt, Mo, Mn, i):"]
+    src += [f"    x{k} = Mt[i + {k}]" for k in ks]
+    for k in ks:
+        src += [f"    mn = m if m >= x{k} else x{k}", f"    Mo[i + {k}] = m", f"    Mn[i + {k}] = mn", "    m = mn"]
+    src += ["    return m"]
+    src += ["@devf", "def l_batch(l, Lv, Al, Be, i):"]
+    src += [f"    x{k} = Lv[i + {k}]" for k in ks]
+    src += [f"    l = merge_acc(l, Al[i + {k}], x{k}, Be[i + {k}])" for k in ks]
+    src += ["    return l"]
+    src += ["@devf", "def acc_batch(acc, A, vg, t, dd, Al, Be, i):"]
+    src += [f"    x{k} = A[vg, t + {k}, dd]" for k in ks]
+    src += [f"    acc = merge_acc(acc, Al[i + {k}], x{k}, Be[i + {k}])" for k in ks]
+    src += ["    return acc"]
+    ns = dict(devf=devf, merge_acc=merge_acc)
+    exec(compile("\n".join(src) + "\n", "<attn merge helpers>", "exec"), ns)
+    return ns["mx_batch"], ns["l_batch"], ns["acc_batch"]
+
+
+_mx_batch, _l_batch, _acc_batch = _merge_helpers()
 
 
 @cuda.jit
 def _merge_k(ML, A, out, start, pb, D):
-    """Fold tiles 0 .. pos // 64 of (row r, head h) in order; block y·64 .. y·64 + 63 of the d's.
-    ML [R·hq, tiles, 2] (mt, lt), A [R·hq, tiles, D] (a_t); out [R, hq·D]."""
+    """Fold tiles 0 .. pos // 64 of (row r, head h) in order, exactly as the twin: the running max
+    m_new = m_old if m_old >= m_tile else m_tile (sequential, thread 0), alpha = exp32(m_old − m_new)
+    and beta = exp32(m_tile − m_new) (in parallel), then l and acc ← merge_acc(·, alpha, ·, beta)
+    in tile order. Block z covers d = 64z .. 64z + 63. ML [R·hq, tiles, 2] (mt, lt),
+    A [R·hq, tiles, D] (a_t); out [R, hq·D]."""
     r = cuda.blockIdx.x
     h = cuda.blockIdx.y
     hq = cuda.gridDim.y
@@ -828,6 +857,7 @@ def _merge_k(ML, A, out, start, pb, D):
     Mo = cuda.shared.array(MERGE_CH, float32)
     Mn = cuda.shared.array(MERGE_CH, float32)
     Mt = cuda.shared.array(MERGE_CH, float32)
+    Lv = cuda.shared.array(MERGE_CH, float32)
     Al = cuda.shared.array(MERGE_CH, float32)
     Be = cuda.shared.array(MERGE_CH, float32)
     Lt = cuda.shared.array(1, float32)
@@ -840,24 +870,40 @@ def _merge_k(ML, A, out, start, pb, D):
         c1 = min(c0 + MERGE_CH, ntl)
         for t in range(c0 + tid, c1, MERGE_NT):
             Mt[t - c0] = ML[vg, t, 0]
-        cuda.syncthreads()
-        if tid == 0:  # the running max, exactly merge_scale's
-            for t in range(c0, c1):
-                mt = Mt[t - c0]
-                mn = m if m >= mt else mt
-                Mo[t - c0] = m
-                Mn[t - c0] = mn
-                m = mn
-        cuda.syncthreads()
-        for t in range(c0 + tid, c1, MERGE_NT):
-            Al[t - c0] = exp32(Mo[t - c0] - Mn[t - c0])
-            Be[t - c0] = exp32(Mt[t - c0] - Mn[t - c0])
+            Lv[t - c0] = ML[vg, t, 1]
         cuda.syncthreads()
         if tid == 0:
-            for t in range(c0, c1):
-                l = merge_acc(l, Al[t - c0], ML[vg, t, 1], Be[t - c0])
-        for t in range(c0, c1):
-            acc = merge_acc(acc, Al[t - c0], A[vg, t, dd], Be[t - c0])
+            i = 0
+            while i + _MB <= c1 - c0:
+                m = _mx_batch(m, Mt, Mo, Mn, i)
+                i += _MB
+            while i < c1 - c0:
+                mt = Mt[i]
+                mn = m if m >= mt else mt
+                Mo[i] = m
+                Mn[i] = mn
+                m = mn
+                i += 1
+        cuda.syncthreads()
+        for t in range(tid, c1 - c0, MERGE_NT):
+            Al[t] = exp32(Mo[t] - Mn[t])
+            Be[t] = exp32(Mt[t] - Mn[t])
+        cuda.syncthreads()
+        if tid == 0:
+            i = 0
+            while i + _MB <= c1 - c0:
+                l = _l_batch(l, Lv, Al, Be, i)
+                i += _MB
+            while i < c1 - c0:
+                l = merge_acc(l, Al[i], Lv[i], Be[i])
+                i += 1
+        i = 0
+        while i + _MB <= c1 - c0:
+            acc = _acc_batch(acc, A, vg, c0 + i, dd, Al, Be, i)
+            i += _MB
+        while i < c1 - c0:
+            acc = merge_acc(acc, Al[i], A[vg, c0 + i, dd], Be[i])
+            i += 1
         cuda.syncthreads()
         c0 = c1
     if tid == 0:

@@ -10,7 +10,8 @@ of a GQA group; 256 and 512 threads; cp.async and synchronous staging), D not a 
 (hq = 3, hkv = 1; hq = 6, hkv = 3), a chunk that starts mid-tile (start > 0: the cache holds earlier
 rows), R not a multiple of the query tile, the device-side position, NaN / ±inf scores (the tile
 max's NaN rule); split-KV decode for 1, 4, 5, 16 rows (every split variant, 2 row chunks, several
-tiles per block, V in K's buffer), the grid sized by the cache capacity with tiles past the position.
+tiles per block, V in K's buffer), the grid sized by the cache capacity with tiles past the position, the ordered merge over more
+tiles than one batch of its loads.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ SCRIPT = textwrap.dedent(r'''
         case("split", "s32", 4, 190, 8, 1, 8, TPB=2)               # 2 tiles per block, the last block has 1
         case("split", "s16", 5, 90, 4, 2, 16, cpa=False)           # synchronous staging
         case("split", None, 2, 64, 2, 1, 16, poison=True)          # NaN / inf
+        case("split", "s8", 1, 1100, 2, 1, 4)                      # 18 tiles: the merge's batches of 16
 ''')
 
 
