@@ -76,7 +76,7 @@ SCRIPT = textwrap.dedent(r'''
         case("split", None, 1, 100, 16, 2, 8)                      # s8: one row × 8 heads
         case("split", None, 4, 70, 16, 2, 12)                      # s32
         case("split", None, 5, 60, 16, 2, 8)                       # s64: 5 of 8 rows
-        case("split", None, 16, 10, 16, 2, 8)                      # s64: 2 row chunks
+        case("split", None, 16, 10, 8, 1, 8)                       # s64: 2 row chunks of 8 rows × 8 heads
         case("split", "s8", 3, 70, 3, 1, 33, kv_shared=True)       # V in K's buffer; D % 4 != 0; rep = 3
         case("split", None, 2, 0, 6, 3, 20, pos=140, cap=300)      # grid by capacity, tiles past pos exit
         case("split", "s32", 4, 190, 8, 1, 8, TPB=2)               # 2 tiles per block, the last block has 1
