@@ -988,14 +988,21 @@ def _group(rep, BQ):
     return 1
 
 
-def attention_prime(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, variant="p64", **kw):
-    """Causal GQA attention for R query rows at positions start (+ pos[0]) .. by query tiles.
-    Q [R, hq·D]; kc, vc [capacity, hkv·D]; out [R, hq·D]."""
+def prime_config(hq, hkv, D, variant="p64", vec=True, **kw):
+    """The configuration attention_prime runs (heads per block: the variant's G if it divides the
+    group, else the largest divisor of the group that fits)."""
     rep = hq // hkv
     G = kw.pop("G", PRIME[variant]["G"])
     if rep % G:
         G = _group(rep, PRIME[variant]["BQ"])
-    c = prime_cfg(D, variant, G=G, vec=D % 4 == 0 and _aligned(Q, kc, vc), **kw)
+    return prime_cfg(D, variant, G=G, vec=vec and D % 4 == 0, **kw)
+
+
+def attention_prime(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, variant="p64", **kw):
+    """Causal GQA attention for R query rows at positions start (+ pos[0]) .. by query tiles.
+    Q [R, hq·D]; kc, vc [capacity, hkv·D]; out [R, hq·D]."""
+    c = prime_config(hq, hkv, D, variant, vec=_aligned(Q, kc, vc), **kw)
+    G = c.G
     disp, smem = kernel(c)
     grid = ((R + c.RB - 1) // c.RB, hq // G)
     _launch(disp, smem, grid, c.NT, (Q, kc, vc, out, np.int64(start), zero_pos() if pos is None else pos,
@@ -1008,6 +1015,14 @@ def split_variant(R, rep):
         if nq <= SPLIT[v]["BQ"]:
             return v
     return "s64"
+
+
+def split_config(R, hq, hkv, D, variant=None, vec=True, **kw):
+    """The configuration attention_split runs: by default the smallest block that holds the
+    R · hq / hkv vectors of a KV head."""
+    rep = hq // hkv
+    variant = variant or split_variant(R, rep)
+    return split_cfg(D, variant, _group(rep, SPLIT[variant]["BQ"]), vec=vec and D % 4 == 0, **kw)
 
 
 def stats_buffers(R, hq, ntiles, D):
@@ -1023,16 +1038,13 @@ def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, varia
     """Few rows (decode, verify): one block per (64-key tile, KV head, chunk of the vectors) writes
     the tile's statistics for all heads of the group, then ``_merge_k`` folds them in tile order.
     With ``pos`` the grid covers the cache's capacity; tiles past the position exit at once."""
-    rep = hq // hkv
-    variant = variant or split_variant(R, rep)
-    BQ = SPLIT[variant]["BQ"]
-    G = _group(rep, BQ)
-    c = split_cfg(D, variant, G, vec=D % 4 == 0 and _aligned(Q, kc, vc), **kw)
+    c = split_config(R, hq, hkv, D, variant, vec=_aligned(Q, kc, vc), **kw)
+    G = c.G
     disp, smem = kernel(c)
     ntiles = (start + R - 1) // TILE + 1 if pos is None else (kc.shape[0] - 1) // TILE + 1
     ML, A = stats_buffers(R, hq, ntiles, D)
     pb = zero_pos() if pos is None else pos
-    grid = (ntiles, hq // G, (R + c.RB - 1) // c.RB)
+    grid = ((ntiles + c.TPB - 1) // c.TPB, hq // G, (R + c.RB - 1) // c.RB)
     _launch(disp, smem, grid, c.NT, (Q, kc, vc, np.int64(start), pb, np.int64(R), np.int64(hq), np.int64(hkv),
                                      F32(scale), ML, A))
     _merge_k[(R, hq, (D + MERGE_NT - 1) // MERGE_NT), MERGE_NT](ML, A, out, np.int64(start), pb, np.int64(D))

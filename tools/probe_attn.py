@@ -277,12 +277,10 @@ class Probe:
         for dt in ("bf16", "fp32"):
             self.guard("prime", f"anchor:torch-sdpa-{dt}", f"T{T}", lambda dt=dt: sdpa(dt))
 
-    def cfg_info(self, v, D, hq, hkv):
+    def cfg_info(self, v, D, hq, hkv, R=None):
         attn = self.attn
         name, kw = parse_variant(v)
-        kw = dict(kw)
-        G = kw.pop("G", attn.PRIME[name]["G"])
-        c = attn.prime_cfg(D, name, G=G, **kw)
+        c = attn.prime_config(hq, hkv, D, name, **kw) if R is None else attn.split_config(R, hq, hkv, D, name, **kw)
         info = dict(BQ=c.BQ, NT=c.NT, G=c.G, tileS=f"{c.TMS}x{c.TNS}", tileO=f"{c.TMO}x{c.TNO}", smem=c.layout()[4])
         info.update(self.regs(c))
         return info
@@ -346,7 +344,8 @@ class Probe:
                         ok = self.same(dout.copy_to_host(), want)
                         ms = self.time_ms(run, p["decode_reps"])
                         self.add(section="decode", name=v, shape=f"ctx{ctx} R{R}", us=_r(ms and ms * 1e3, 1), bitwise=ok,
-                                 tflops=_r(ms and 4.0 * D * hq * sum(start + r + 1 for r in range(R)) / ms / 1e9, 2))
+                                 tflops=_r(ms and 4.0 * D * hq * sum(start + r + 1 for r in range(R)) / ms / 1e9, 2),
+                                 **self.cfg_info(v, D, hq, hkv, R))
                     self.guard("decode", v, f"ctx{ctx} R{R}", item)
 
                 def anchor(kind):
