@@ -630,10 +630,15 @@ def _row_pass(c, SS, tail):
          f"s0 = sm[{SS} + rv]",  # before anyone overwrites key 0 with its p
          f"rs = {SS} + rq * {SEG * PS} + rv",
          "mx = NAN",
-         f"for k in range(min({SEG}, rn - rq * {SEG})):",
-         f"    x = sm[rs + k * {PS}]",
-         "    if x > mx or mx != mx:",
-         "        mx = x",
+         f"if rn - rq * {SEG} >= {SEG}:"]  # a full segment: its loads first, then the scan
+    A += [f"    x{k} = sm[rs + {k * PS}]" for k in range(SEG)]
+    for k in range(SEG):
+        A += [f"    if x{k} > mx or mx != mx:", f"        mx = x{k}"]
+    A += ["else:",
+          f"    for k in range(rn - rq * {SEG}):",
+          f"        x = sm[rs + k * {PS}]",
+          "        if x > mx or mx != mx:",
+          "            mx = x",
          f"Mq[rq * {BQ} + rv] = mx",
          "cuda.syncthreads()"]
     B = ["if rn > 0:", "    mt = Mq[rv]"]
