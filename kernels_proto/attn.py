@@ -20,8 +20,11 @@ register-tiled GEMMs whose per-element orders are the twin's:
   total (the total starts at +0). ``D % 4 != 0`` zero-pads q and k to the next multiple of 4:
   ``fma(0, 0, p)`` only changes the sign of a zero partial at the very end of the last slice, and
   ``total + ±0 == total`` since a total that starts at +0 is never −0.
-- row pass (one thread per vector, smem): ``mt`` by the twin's scan, ``p = exp32(s − mt)`` spread
-  over the block, ``lt`` by the twin's left-to-right sum, the merge scalars.
+- row pass (scores in shared memory, [key][vector]): NT / BQ threads per vector each scan a
+  segment of keys for its first maximum that is not NaN; the segments are combined in order, and
+  a NaN first score is the answer (exactly the twin's scan: strict ``>`` keeps the earliest of equal
+  maxima, a NaN never replaces a number, a NaN first score is never replaced). ``p = exp32(s −
+  mt)`` in place, then one thread per vector sums ``lt`` left to right and does the merge scalars.
 - ``A_t = P·V`` (BQ × D): a thread owns TMO × TNO outputs, each an fma chain over keys in order;
   in a tile that is partial for some vector the chain of that vector stops at its last key
   (a select keeps the old value; nothing is added for masked keys). Columns past D are computed
@@ -29,11 +32,24 @@ register-tiled GEMMs whose per-element orders are the twin's:
 
 ``prime`` kernels loop over a block's tiles and merge in registers (grid: query tiles, longest
 first × head chunks); K_{t+1} streams in (``cp.async``) during the row pass and P·V of tile t,
-V_{t+1} during Q·Kᵀ of tile t+1. ``split`` kernels compute one tile per block and write its
-statistics (mt, lt, a_t); the grid covers the cache's capacity and blocks past the position exit
-at once; ``_merge`` folds the statistics in tile order with the twin's expressions (the running
-max is a sequential scan; the exps of a chunk of tiles run in parallel; the l / acc chains are
-sequential per output). Every K/V tile is read once per KV head for all heads of its group.
+V_{t+1} during Q·Kᵀ of tile t+1. ``split`` kernels compute TPB (default 1) consecutive tiles per
+block and write each tile's statistics (mt, lt, a_t); the grid covers the cache's capacity and
+blocks past the position exit at once; ``_merge_k`` folds the statistics in tile order with the
+twin's expressions (the running max is a sequential scan, the exps of a chunk of tiles run in
+parallel, the l / acc chains are sequential per output, their loads issued 16 at a time). Every
+K/V tile is read once per KV head for all heads of its group.
+
+The kernels are generated Python (``source(cfg)``), one per configuration (``Cfg``): register
+tiles are tuples of row tuples built by small force-inlined device functions, so Numba types a
+short text and NVVM sees fully unrolled straight-line code; every shared-memory index is one base
+plus a constant (``ld1`` / ``st1`` / ``ld4``: no negative-index wraparound). On the GPU the
+generated text calls ``cuda.fma`` and ``libdevice.fmul_rn`` (what ``prims.fma`` / ``prims.fmul``
+wrap); under the simulator it calls the prims themselves (a true fma).
+
+Launch: the prime and most split configurations need more than 48 KB of dynamic shared memory
+(217 KB for 64 vectors at D = 256): ``_launch`` sets the kernel's opt-in attribute once and
+launches ``kernel[grid, block, 0, smem]``. Integration into ``numba_kernels`` needs ``_go`` to pass
+the dynamic shared memory size (and the stream when capturing).
 
 Shapes: Q [R, hq·D] (row stride free), kc / vc [capacity, hkv·D], out [R, hq·D]; pb: int32 [1]
 on the device, added to ``start`` (captured decode steps). Prototype: not imported by the
