@@ -960,19 +960,44 @@ def _aligned(*arrs):
     return True
 
 
+class _Sized:
+    """A kernel with its dynamic shared memory size, indexable like a dispatcher: what a recorded
+    launch (``numba_kernels.cuda.capture`` under the simulator) replays as ``k[grid, block](*args)``."""
+
+    def __init__(self, disp, smem):
+        self.disp, self.smem = disp, smem
+
+    def __getitem__(self, cfg):
+        grid, block = cfg[:2]
+        stream = cfg[2] if len(cfg) > 2 else 0
+        return self.disp[grid, block, stream, self.smem]
+
+
+def _target():
+    """Where ``numba_kernels.cuda`` sends launches now (None: run; a list or a GraphBuilder:
+    ``capture``), so the prototype can be captured into a CUDA graph like the package's kernels."""
+    import sys
+    m = sys.modules.get("numba_kernels.cuda")
+    return None if m is None else m._Launch.target
+
+
 def _launch(disp, smem, grid, block, args):
-    """Launch with ``smem`` bytes of dynamic shared memory (opting in above 48 KB once)."""
-    if SIMULATED:
-        disp[grid, block, 0, smem](*args)
-        return
-    if smem > 48 * 1024:
+    """Launch with ``smem`` bytes of dynamic shared memory (opting in above 48 KB once), on the
+    default stream or into the graph being captured."""
+    if not SIMULATED and smem > 48 * 1024:
         types_ = tuple(disp.typeof_pyval(a) for a in args)
         key = (id(disp), smem, types_)
         if key not in _OPTED:
             ov = disp.compile(types_)
             _opt_in(ov._codelibrary.get_cufunc(), smem)
             _OPTED.add(key)
-    disp[grid, block, 0, smem](*args)
+    t = _target()
+    if t is None:
+        disp[grid, block, 0, smem](*args)
+    elif isinstance(t, list):
+        t.append((_Sized(disp, smem), grid, block, args))
+    else:
+        disp[grid, block, t, smem](*args)
 
 
 def _opt_in(f, smem):
@@ -1068,7 +1093,7 @@ def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, varia
     grid = ((ntiles + c.TPB - 1) // c.TPB, hq // G, (R + c.RB - 1) // c.RB)
     _launch(disp, smem, grid, c.NT, (Q, kc, vc, np.int64(start), pb, np.int64(R), np.int64(hq), np.int64(hkv),
                                      F32(scale), ML, A))
-    _merge_k[(R, hq, (D + MERGE_NT - 1) // MERGE_NT), MERGE_NT](ML, A, out, np.int64(start), pb, np.int64(D))
+    _launch(_merge_k, 0, (R, hq, (D + MERGE_NT - 1) // MERGE_NT), MERGE_NT, (ML, A, out, np.int64(start), pb, np.int64(D)))
 
 
 SPLIT_MAX_ROWS = 16

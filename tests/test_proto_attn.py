@@ -11,7 +11,8 @@ of a GQA group; 256 and 512 threads; cp.async and synchronous staging), D not a 
 rows), R not a multiple of the query tile, the device-side position, NaN / ±inf scores (the tile
 max's NaN rule); split-KV decode for 1, 4, 5, 16 rows (every split variant, 2 row chunks, several
 tiles per block, V in K's buffer), the grid sized by the cache capacity with tiles past the position, the ordered merge over more
-tiles than one batch of its loads.
+tiles than one batch of its loads, a captured launch (``numba_kernels.cuda.capture``) replayed at
+several device-side positions.
 """
 
 from __future__ import annotations
@@ -83,6 +84,22 @@ SCRIPT = textwrap.dedent(r'''
         case("split", "s16", 5, 90, 4, 2, 16, cpa=False)           # synchronous staging
         case("split", None, 2, 64, 2, 1, 16, poison=True)          # NaN / inf
         case("split", "s8", 1, 1100, 2, 1, 4)                      # 18 tiles: the merge's batches of 16
+        # one captured launch shape (numba_kernels.cuda.capture) replayed at three device positions
+        from numba_kernels import cuda as kc
+        R, hq, hkv, D, cap = 2, 4, 2, 8, 200
+        Q = rng.standard_normal((R, hq * D)).astype(F32)
+        kcache, vcache = (rng.standard_normal((cap, hkv * D)).astype(F32) for _ in range(2))
+        dQ, dk, dv = cuda.to_device(Q), cuda.to_device(kcache), cuda.to_device(vcache)
+        out, pos, scale = cuda.to_device(np.zeros((R, hq * D), F32)), cuda.to_device(np.array([100], np.int32)), F32(0.35)
+        attn.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos)  # allocates the statistics
+        g, _ = kc.capture(lambda: attn.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos))
+        for p in (10, 150, 190):
+            pos.copy_to_device(np.array([p], np.int32))
+            g.replay()
+            want = np.zeros((R, hq * D), F32)
+            kp.attention(Q, kcache, vcache, want, p, R, hq, hkv, D, scale)
+            print(json.dumps(dict(case=f"split captured, replayed at pos {p}", s=0,
+                                  bitwise=bool(np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32))))))
 ''')
 
 

@@ -331,37 +331,56 @@ class Probe:
 
                 base = attn.split_variant(R, rep)
                 variants = [base] + p["decode_extra"].get(R, [])
+
+                def measure(call, reps):
+                    """Eager µs (host launches included) and graph-replay µs (GPU time, as in a captured
+                    decode step; round-robin over graphs captured on different K/V copies)."""
+                    def run():
+                        call(*rot())
+                    state["i"] = -1
+                    run()  # copy 0: the checked inputs; also compiles and allocates
+                    cuda.synchronize()
+                    ok = self.same(dout.copy_to_host(), want)
+                    eager = self.time_ms(run, reps)
+                    graph, gerr = None, None
+                    if not self.sim:
+                        try:
+                            gs = []
+                            for i in range(min(4, ncopy)):
+                                keep = list(copies[i]) + list(attn._STATS.values()) + list(ka_mod._STATS.values())
+                                gs.append(kc_mod.capture(lambda i=i: call(*copies[i]), keep=keep)[0])
+                            k = {"i": 0}
+
+                            def replay():
+                                gs[k["i"] % len(gs)].replay()
+                                k["i"] += 1
+                            graph = self.time_ms(replay, reps, warm=len(gs))
+                        except Exception as e:  # noqa: BLE001
+                            gerr = f"{type(e).__name__}: {str(e)[:200]}"
+                    return ok, eager, graph, gerr
+
                 for v in variants:
                     name, kw = parse_variant(v)
 
                     def item(v=v, name=name, kw=kw):
-                        def run():
-                            k, vv = rot()
-                            attn.attention_split(dQ, k, vv, dout, 0, R, hq, hkv, D, scale, pos=pos, variant=name, **kw)
-                        state["i"] = -1
-                        run()  # copy 0: the checked inputs
-                        cuda.synchronize()
-                        ok = self.same(dout.copy_to_host(), want)
-                        ms = self.time_ms(run, p["decode_reps"])
-                        self.add(section="decode", name=v, shape=f"ctx{ctx} R{R}", us=_r(ms and ms * 1e3, 1), bitwise=ok,
+                        ok, eager, graph, gerr = measure(
+                            lambda k, vv: attn.attention_split(dQ, k, vv, dout, 0, R, hq, hkv, D, scale, pos=pos,
+                                                               variant=name, **kw), p["decode_reps"])
+                        ms = graph if graph is not None else eager
+                        self.add(section="decode", name=v, shape=f"ctx{ctx} R{R}", us=_r(ms and ms * 1e3, 1),
+                                 us_eager=_r(eager and eager * 1e3, 1), graph_error=gerr, bitwise=ok,
                                  tflops=_r(ms and 4.0 * D * hq * sum(start + r + 1 for r in range(R)) / ms / 1e9, 2),
                                  **self.cfg_info(v, D, hq, hkv, R))
                     self.guard("decode", v, f"ctx{ctx} R{R}", item)
 
                 def anchor(kind):
-                    def run():
-                        k, vv = rot()
-                        if kind == "split":
-                            ka_mod.attention_split(dQ, k, vv, dout, 0, R, hq, hkv, D, scale, pos=pos)
-                        else:
-                            kc_mod.attention_tiled(dQ, k, vv, dout, 0, R, hq, hkv, D, scale, pos=pos)
-                    state["i"] = -1
-                    run()
-                    cuda.synchronize()
-                    ok = self.same(dout.copy_to_host(), want)
-                    ms = self.time_ms(run, max(2, p["decode_reps"] // 4))
+                    fn = ka_mod.attention_split if kind == "split" else kc_mod.attention_tiled
+                    ok, eager, graph, gerr = measure(
+                        lambda k, vv: fn(dQ, k, vv, dout, 0, R, hq, hkv, D, scale, pos=pos), max(2, p["decode_reps"] // 4))
+                    ms = graph if graph is not None else eager
                     self.add(section="decode", name=f"anchor:attention_{kind}", shape=f"ctx{ctx} R{R}",
-                             us=_r(ms and ms * 1e3, 1), bitwise=ok)
+                             us=_r(ms and ms * 1e3, 1), us_eager=_r(eager and eager * 1e3, 1), graph_error=gerr,
+                             bitwise=ok)
                 for kind in ("split", "tiled"):
                     self.guard("decode", f"anchor:attention_{kind}", f"ctx{ctx} R{R}", lambda kind=kind: anchor(kind))
             del copies, dbk, dbv
