@@ -12,8 +12,9 @@ Writes DIR/probe_attn.json and prints a table. Shapes: bench-8l (hq = 16, hkv = 
 prime T = 4096, 16384, 32768 (one layer; TFLOP/s on causal FLOPs 4·(T²/2)·D·hq; bitwise on sampled
 rows, all heads); decode R = 1, 4, 5, 16 rows at contexts 512, 4096, 32768 with the device-side
 position (grid sized by the cache capacity, as in captured steps; µs per layer; bitwise on every
-output); then small edge shapes (other D, odd head counts, mid-tile starts). Every item is wrapped:
-a failure is one line in the table and the run goes on; items past the time budget are skipped.
+output; timed as CUDA-graph replays, as a captured decode step runs, beside the eager call);
+then small edge shapes (other D, odd head counts, mid-tile starts). Every item is wrapped: a
+failure is one line in the table and the run goes on; items past the time budget are skipped.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ FULL = dict(
     decode_ctx=(512, 4096, 32768),
     decode_R=(1, 4, 5, 16),
     capacity=32768 + 64,
-    decode_extra={1: ["s8:kvs"], 4: ["s32w"], 5: ["s16"], 16: ["s64t512:TPB4"]},
+    decode_extra={1: ["s8:kvs", "s8:TPB2"], 4: ["s32w", "s32w:TPB2"], 16: ["s64t512:TPB4"]},
     decode_reps=20,
     sample_rows=12,
     edges=[  # (variant or "split", D, hq, hkv, start, R)
