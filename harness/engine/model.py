@@ -1,8 +1,9 @@
 """The engine: weights resident on a backend, a shared workspace, per-session caches.
 
-``Engine(checkpoint, backend)`` prepares the weights once; every session's work goes through the
-same engine and the same workspace buffers (activations, scratch), so interleaving sessions is a
-real hazard that the walker's peer check catches. Per-session state lives in :class:`Cache`.
+``Engine(checkpoint, backend)`` prepares the weights once (:mod:`.layout`); every session's work
+goes through the same engine and the same workspace buffers (activations, scratch), so
+interleaving sessions is a real hazard that the walker's peer check catches. Per-session state
+lives in :class:`~harness.engine.cache.Cache`.
 
 Entry points (bitwise consistent with each other in exact mode, since every kernel computes each
 row independently of how many rows share the launch):
@@ -11,208 +12,39 @@ row independently of how many rows share the launch):
 - ``decode_step(sess, token)``: one row.
 - ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
   ``capture``, per-row DeltaNet state so :meth:`Engine.rollback` can keep an accepted prefix.
-- ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP head.
+- ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP head
+  (``mtp_rows`` is the pass both run).
 
-On a backend that can capture launches (CUDA), steps of at most ``GRAPH_MAX_ROWS`` rows run once
-eagerly, are then captured per cache and replayed (``Engine._step``): the same kernels with the
-position read from the device, so decode costs one graph launch instead of ~15 launches per
-layer. ``PRIMEWALK_GRAPHS=0`` or ``Engine(..., graphs=False)`` turns it off.
+Arrays at the API: **logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the
+entry point since every caller picks a token from them. **Hidden rows stay on the backend**
+(``[R, H]`` float32: numpy on cpu, a device array on cuda) and are opaque to callers: pass them
+back to the engine (the MTP calls take backend rows as they are, or host rows) or download them
+explicitly with :meth:`Engine.host`. A decode step thus copies only its logits to the host.
 
-The weight layout is re-arranged once at load without changing any output's arithmetic: the
-DeltaNet's per-key-head interleaved ``in_proj_qkvz``/``in_proj_ba`` rows are regrouped into
-``q‖k‖v‖z`` / ``b‖a``, attention's per-head ``query‖gate`` rows into ``queries‖gates`` (with K
-and V rows appended), and SwiGLU's gate and up rows stacked — each output is still one canonical
-dot product of its own weight row.
+On a backend that can capture launches (CUDA), steps of at most
+:data:`~harness.engine.graphs.GRAPH_MAX_ROWS` rows run once eagerly, are then captured per cache
+and replayed (:mod:`.graphs`): the same kernels with the position read from the device, so
+decode costs one graph launch instead of ~15 launches per layer. ``PRIMEWALK_GRAPHS=0`` or
+``Engine(..., graphs=False)`` turns it off.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError, NumericError, PrimewalkError
 from .backend import get_backend
-from .config import LINEAR, ModelConfig
-from .errors import InputError, NumericError, PrimewalkError
+from .cache import Cache, Session
+from .config import LINEAR
+from .digests import config_fingerprint
+from .graphs import StepRunner, graph_key, graphs_wanted
+from .layout import prepare_weights
+from .rope import rope_tables
 from .weights import Checkpoint
 
 F32 = np.float32
-GRAPH_MAX_ROWS = 8  # steps of at most this many rows are captured and replayed (Engine._step)
-
-
-# ------------------------------------------------------------------------------------------------
-# layout helpers
-# ------------------------------------------------------------------------------------------------
-def qkvz_order(cfg: ModelConfig) -> np.ndarray:
-    """Row permutation taking HF's per-key-head [q k v z] groups to [q_all k_all v_all z_all]."""
-    hk, dk, dv, r = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.v_per_k
-    grp = 2 * dk + 2 * r * dv
-    q = [h * grp + i for h in range(hk) for i in range(dk)]
-    k = [h * grp + dk + i for h in range(hk) for i in range(dk)]
-    v = [h * grp + 2 * dk + i for h in range(hk) for i in range(r * dv)]
-    z = [h * grp + 2 * dk + r * dv + i for h in range(hk) for i in range(r * dv)]
-    return np.array(q + k + v + z)
-
-
-def ba_order(cfg: ModelConfig) -> np.ndarray:
-    hk, r = cfg.linear_num_key_heads, cfg.v_per_k
-    b = [h * 2 * r + i for h in range(hk) for i in range(r)]
-    a = [h * 2 * r + r + i for h in range(hk) for i in range(r)]
-    return np.array(b + a)
-
-
-def q_gate_order(cfg: ModelConfig) -> np.ndarray:
-    hq, D = cfg.num_attention_heads, cfg.head_dim
-    q = [h * 2 * D + i for h in range(hq) for i in range(D)]
-    g = [h * 2 * D + D + i for h in range(hq) for i in range(D)]
-    return np.array(q + g)
-
-
-def rope_tables(n: int, rot_dim: int, theta: float):
-    """cos, sin [n, rot_dim/2] float32, computed in float64 with the math module (identical on
-    every machine, unlike numpy's SIMD paths) and rounded once."""
-    half = rot_dim // 2
-    inv = [math.pow(theta, -(2.0 * i) / rot_dim) for i in range(half)]
-    cos = np.empty((n, half), np.float64)
-    sin = np.empty((n, half), np.float64)
-    for p in range(n):
-        for i, f in enumerate(inv):
-            a = p * f
-            cos[p, i] = math.cos(a)
-            sin[p, i] = math.sin(a)
-    return cos.astype(F32), sin.astype(F32)
-
-
-def config_fingerprint(cfg: ModelConfig) -> str:
-    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------
-# per-session state
-# ------------------------------------------------------------------------------------------------
-class Cache:
-    """Per-session state: attention K/V per layer ``[max_ctx, Hkv·D]``, DeltaNet conv state
-    ``[K-1, conv_dim]`` and recurrent state ``[Hv, dk, dv]`` per layer, the MTP layer's K/V,
-    ``pos`` (trunk rows done), ``mtp_len`` (MTP rows filled), ``max_ctx``."""
-
-    def __init__(self, engine: "Engine", max_ctx: int):
-        cfg, B = engine.cfg, engine.B
-        self.cfg, self.B, self.fingerprint = cfg, B, engine.fingerprint
-        self.max_ctx, self.pos, self.mtp_len = int(max_ctx), 0, 0
-        self.poisoned = None  # why the planes can no longer be trusted (NaN/Inf), until a restore
-        self.last_h = None  # backend [1, H]: trunk hidden row of the last processed position
-        kvw = cfg.num_key_value_heads * cfg.head_dim
-        self.conv, self.rec, self.k, self.v = {}, {}, {}, {}
-        self.kc1 = cfg.linear_conv_kernel_dim - 1
-        for i, t in enumerate(cfg.layer_types):
-            if t == LINEAR:
-                self.conv[i] = B.zeros((max(self.kc1, 1), cfg.conv_dim))
-                self.rec[i] = B.zeros((cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                       cfg.linear_value_head_dim))
-            else:
-                self.k[i], self.v[i] = B.zeros((self.max_ctx, kvw)), B.zeros((self.max_ctx, kvw))
-        self.mtp_k = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
-        self.mtp_v = B.zeros((self.max_ctx, kvw)) if cfg.has_mtp else None
-        # captured steps on this cache's planes (Engine._step): key -> (graph, outputs, inputs);
-        # keys seen once (run eagerly, to compile and allocate before a capture)
-        self.graphs: dict = {}
-        self.graph_seen: set = set()
-
-    def planes(self):
-        """(name, backend array view) in the fixed digest order."""
-        out = []
-        for i, t in enumerate(self.cfg.layer_types):
-            if t == LINEAR:
-                out.append((f"layers.{i}.conv", self.conv[i][: self.kc1]))
-                out.append((f"layers.{i}.recurrent", self.rec[i]))
-            else:
-                out.append((f"layers.{i}.k", self.k[i][: self.pos]))
-                out.append((f"layers.{i}.v", self.v[i][: self.pos]))
-        if self.mtp_k is not None:
-            out.append(("mtp.k", self.mtp_k[: self.mtp_len]))
-            out.append(("mtp.v", self.mtp_v[: self.mtp_len]))
-        return out
-
-    def digest(self) -> str:
-        """SHA-256 over lengths, positions and the float32 bits of every plane, in fixed order."""
-        h = hashlib.sha256(b"primewalk-cache/1\0")
-        h.update(np.array([self.pos, self.mtp_len], dtype="<i8").tobytes())
-        for name, a in self.planes():
-            host = np.ascontiguousarray(self.B.download(a), dtype="<f4")
-            h.update(name.encode() + b"\0" + np.array(host.shape, dtype="<i8").tobytes())
-            h.update(host.tobytes())
-        return h.hexdigest()
-
-    def snapshot(self) -> "Snapshot":
-        """An owned copy of every plane (only the rows in use of the K/V planes)."""
-        return Snapshot(self.fingerprint, self.pos, self.mtp_len,
-                        [(n, self.B.clone(a)) for n, a in self.planes()],
-                        None if self.last_h is None else self.B.clone(self.last_h))
-
-    def restore(self, snap: "Snapshot") -> None:
-        if not isinstance(snap, Snapshot):
-            raise InputError("restore: not a cache snapshot")
-        if snap.fingerprint != self.fingerprint:
-            raise InputError("restore: the snapshot comes from a model with another config")
-        if snap.pos > self.max_ctx or snap.mtp_len > self.max_ctx:
-            raise InputError(f"restore: the snapshot holds {max(snap.pos, snap.mtp_len)} positions, "
-                             f"this cache only {self.max_ctx}")
-        self.pos, self.mtp_len = snap.pos, snap.mtp_len
-        for (name, dst), (sname, src) in zip(self.planes(), snap.planes):
-            assert name == sname
-            if src.shape[0]:
-                self.B.copy_into(dst, src)
-        self.last_h = None if snap.last_h is None else self.B.clone(snap.last_h)
-        self.poisoned = None
-
-
-@dataclass
-class Snapshot:
-    fingerprint: str
-    pos: int
-    mtp_len: int
-    planes: list
-    last_h: object = None  # not part of the digest: the hidden row the next MTP fill pairs with
-
-    def digest(self) -> str:
-        h = hashlib.sha256(b"primewalk-cache/1\0")
-        h.update(np.array([self.pos, self.mtp_len], dtype="<i8").tobytes())
-        for name, a in self.planes:
-            host = np.ascontiguousarray(a if isinstance(a, np.ndarray) else a.copy_to_host(), dtype="<f4")
-            h.update(name.encode() + b"\0" + np.array(host.shape, dtype="<i8").tobytes())
-            h.update(host.tobytes())
-        return h.hexdigest()
-
-
-@dataclass
-class Session:
-    """One sequence's state: cache, committed tokens, boundary captures, turn checkpoint, the
-    pending (sampled, not yet processed) token, the last trunk hidden row, sampling counter."""
-
-    cache: Cache
-    committed: list = field(default_factory=list)
-    boundary_captures: list = field(default_factory=list)
-    turn_ckpt: object = None
-    pending: int | None = None
-    sample_counter: int = 0
-    capture_at: int | None = None
-    ckpt_at: int | None = None
-    prime_ready: object = None
-    session_id: int = 0
-    verify_caps: dict = field(default_factory=dict)  # per-row DeltaNet state of the last target step
-
-    @property
-    def last_h(self):
-        """Backend [1, H]: the trunk hidden row of the last processed position (or None)."""
-        return self.cache.last_h
-
-    @property
-    def poisoned(self):
-        return self.cache.poisoned
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,73 +59,22 @@ class Engine:
         self.B = get_backend(backend)
         self.ops = self.B.ops
         self.check_finite = check_finite
-        # Steps of at most GRAPH_MAX_ROWS rows (decode, verify, MTP drafts) are captured once per
-        # cache and replayed (CUDA graphs): one launch instead of ~15 per layer from Python. The
-        # position then lives on the device (self._pos), so one capture serves every position.
-        if graphs is None:
-            graphs = os.environ.get("PRIMEWALK_GRAPHS", "1") != "0"
-        self.graphs = bool(graphs) and hasattr(self.ops, "capture")
-        self._pos = self.B.zeros((1,), np.int32) if self.graphs else None
+        self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)
+        self.steps = StepRunner(self.B, self.ops, self.graphs)
         self.fingerprint = config_fingerprint(self.cfg)
         self.has_mtp = ckpt.has_mtp
         self._ws: dict = {}
         self._rope_n = 0
-        self._prepare(ckpt.tensors)
-
-    # ---- weights -----------------------------------------------------------------------------
-    def _prepare(self, t: dict) -> None:
-        cfg, up = self.cfg, self.B.upload
-        self.embed_host = np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=F32)
-        self.embed = up(self.embed_host)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else up(t["lm_head.weight"])
-        self.final_norm = up(t["model.norm.weight"])
-        self.layers = [self._prep_layer(t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i))
-                       for i, kind in enumerate(cfg.layer_types)]
-        self.mtp = None
-        if self.has_mtp:
-            self.mtp = {
-                "fc": up(t["mtp.fc.weight"]),
-                "norm_e": up(t["mtp.pre_fc_norm_embedding.weight"]),
-                "norm_h": up(t["mtp.pre_fc_norm_hidden.weight"]),
-                "norm": up(t["mtp.norm.weight"]),
-                "layer": self._prep_layer(t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0)),
-            }
+        self._flag_buf = None
+        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp)
+        self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
+            w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
 
-    def _prep_layer(self, t, p, kind, moe):
-        cfg, up = self.cfg, self.B.upload
-        L = {"kind": kind, "moe": moe, "name": p.rstrip("."),
-             "in_norm": up(t[p + "input_layernorm.weight"]),
-             "post_norm": up(t[p + "post_attention_layernorm.weight"])}
-        if kind == LINEAR:
-            a = p + "linear_attn."
-            L.update(qkvz=up(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
-                     ba=up(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
-                     conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
-                     dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
-                     out=up(t[a + "out_proj.weight"]))
-        else:
-            s = p + "self_attn."
-            L.update(qkv=up(np.concatenate([t[s + "q_proj.weight"][q_gate_order(cfg)],
-                                            t[s + "k_proj.weight"], t[s + "v_proj.weight"]])),
-                     q_norm=up(t[s + "q_norm.weight"]), k_norm=up(t[s + "k_norm.weight"]),
-                     o=up(t[s + "o_proj.weight"]))
-        if not moe:
-            L.update(gu=up(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
-                     down=up(t[p + "mlp.down_proj.weight"]), inter=cfg.intermediate_size)
-        else:
-            e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-            L.update(router=up(t[p + "mlp.gate.weight"]),
-                     G2=up(t[p + "mlp.experts.gate_proj"].reshape(e * i, h)),
-                     U2=up(t[p + "mlp.experts.up_proj"].reshape(e * i, h)),
-                     D2=up(t[p + "mlp.experts.down_proj"].reshape(e * h, i)))
-            L["shared"] = cfg.shared_expert_intermediate_size > 0
-            if L["shared"]:
-                q = p + "mlp.shared_expert."
-                L.update(sgu=up(np.concatenate([t[q + "gate_proj.weight"], t[q + "up_proj.weight"]])),
-                         sdown=up(t[q + "down_proj.weight"]), sgate=up(t[p + "mlp.shared_expert_gate.weight"]))
-        return L
+    def host(self, rows) -> np.ndarray:
+        """A host numpy copy of backend rows: hidden rows an entry point returned, or a plane."""
+        return self.B.download(rows)
 
     # ---- workspace ---------------------------------------------------------------------------
     def ws(self, name, rows, width, dtype=F32):
@@ -438,19 +219,10 @@ class Engine:
         if not self.check_finite:
             return None
         n = len(self.layers) + 3
-        if getattr(self, "_flag_buf", None) is None:
+        if self._flag_buf is None:
             self._flag_buf, self._flag_zeros = self.B.zeros((n,), np.int32), np.zeros(n, np.int32)
         self.B.copy_into(self._flag_buf, self._flag_zeros)
         return self._flag_buf
-
-    def _upload_ids(self, ids):
-        """Token ids on the backend, through a reused buffer (no allocation per call)."""
-        buf = getattr(self, "_ids_buf", None)
-        if buf is None or buf.shape[0] < len(ids):
-            buf = self._ids_buf = self.B.empty((max(len(ids), 256),), np.int32)
-        view = buf[: len(ids)]
-        self.B.copy_into(view, np.ascontiguousarray(ids, np.int32))
-        return view
 
     def _raise_nonfinite(self, sess, flags, names):
         if flags is None:
@@ -461,45 +233,14 @@ class Engine:
             sess.cache.poisoned = f"{where} produced NaN or Inf"
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
-    # ---- captured steps ----------------------------------------------------------------------
+    # ---- steps ------------------------------------------------------------------------------
     def _step(self, c, key, body, inputs, start, keep=()):
-        """Run ``body(inputs, start, pos)`` -- kernel launches only -- and return its outputs.
-        ``inputs``: {name: host or backend array}. Small steps (``key`` not None) on a backend
-        with graphs: the first call of ``key`` on cache ``c`` runs eagerly with the position on
-        the device (compiling and allocating what it needs); the second captures the body with
-        its own copies of the inputs; every later call copies the new inputs into those copies,
-        the position into ``self._pos``, and replays. Otherwise the body runs eagerly with
-        ``start`` as a scalar."""
-        at, pos = start, None
-        if self.graphs and key is not None:
-            B = self.B
-            B.copy_into(self._pos, np.array([start], np.int32))
-            g = c.graphs.get(key)
-            if g is None and key in c.graph_seen:
-                own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
-                keep = [c, self.cos, self.sin, self._pos, getattr(self, "_flag_buf", None), *keep]
-                keep += list(self._ws.values()) + list(own.values())
-                graph, out = self.ops.capture(lambda: body(own, 0, self._pos), keep)
-                g = c.graphs[key] = (graph, out, own)
-            if g is not None:
-                graph, out, own = g
-                for n, v in inputs.items():
-                    B.copy_into(own[n], v)
-                graph.replay()
-                return out
-            c.graph_seen.add(key)
-            at, pos = 0, self._pos
-        return body({n: self._upload(n, v) for n, v in inputs.items()}, at, pos)
-
-    def _upload(self, name, v):
-        """An input of :meth:`_step` on the backend: token ids through the shared ids buffer,
-        backend arrays as they are, host arrays uploaded."""
-        if name == "ids":
-            return self._upload_ids(v)
-        return v if not isinstance(v, np.ndarray) else self.B.upload(v)
-
-    def _graph_key(self, what, R, *more):
-        return None if R > GRAPH_MAX_ROWS else (what, R) + more
+        """Run ``body(inputs, start, pos)`` -- kernel launches only -- on cache ``c`` and return
+        its outputs: captured and replayed under ``key`` when graphs are on, else eagerly
+        (:meth:`~harness.engine.graphs.StepRunner.run`). ``keep``: buffers the body reads or
+        writes besides the workspace, the rope tables, the flags and ``inputs``."""
+        return self.steps.run(c, key if self.graphs else None, body, inputs, start,
+                              lambda: [c, self.cos, self.sin, self._flag_buf, *keep, *self._ws.values()])
 
     def _trunk(self, sess, ids, logits_rows, capture=False):
         """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
@@ -521,7 +262,7 @@ class Engine:
             caps["start"] = start
         n = R if logits_rows is None else min(logits_rows, R)
         flags = self._flags()
-        key = self._graph_key("trunk", R, n, None if caps is None else id(caps["conv"]))
+        key = graph_key("trunk", R, n, None if caps is None else id(caps["conv"]))
 
         def body(inp, at, pos):
             return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
@@ -553,18 +294,18 @@ class Engine:
         return logits, hf
 
     def prime_chunk(self, sess, ids):
-        """Batched prime rows: (logits of the last row [V], hidden rows [R, H])."""
+        """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend)."""
         logits, hidden = self._trunk(sess, ids, 1)
         return logits[0], hidden
 
     def decode_step(self, sess, token):
-        """One row: (logits [V], hidden [1, H])."""
+        """One row: (logits [V] host, hidden [1, H] backend)."""
         logits, hidden = self._trunk(sess, [int(token)], 1)
         return logits[0], hidden
 
     def target_step(self, sess, ids, capture=False):
-        """Verify rows: (logits [R, V], hidden [R, H]); ``capture`` keeps per-row DeltaNet state
-        for :meth:`rollback`."""
+        """Verify rows: (logits [R, V] host, hidden [R, H] backend); ``capture`` keeps per-row
+        DeltaNet state for :meth:`rollback`."""
         return self._trunk(sess, ids, None, capture)
 
     def rollback(self, sess, keep: int) -> None:
@@ -593,7 +334,7 @@ class Engine:
 
     def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
-        hidden state of the position before). Writes the MTP K/V there. Returns (logits host
+        hidden state of the position before; [R, H], host or backend). Writes the MTP K/V there. Returns (logits host
         [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend)."""
         self.require_mtp()
         cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
@@ -604,7 +345,7 @@ class Engine:
         n = R if logits_rows is None else min(logits_rows, R)
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
-        key = self._graph_key("mtp", R, n)
+        key = graph_key("mtp", R, n)
 
         def body(inp, at, pos):
             e = self.ws("mtp_e", R, H)
@@ -628,7 +369,7 @@ class Engine:
 
     def mtp_fill(self, sess, tokens, hiddens):
         """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
-        with hiddens[r] (trunk hidden of the position before)."""
+        with hiddens[r] (trunk hidden of the position before; [n, H], host or backend)."""
         c = sess.cache
         n = len(tokens)
         if c.mtp_len + n > c.pos + 1:
