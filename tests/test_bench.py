@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from harness.gpu.bench import BENCH_8L, OpProfile, _fill_random_context, profile_steps, table
 from harness.engine.model import Engine
-from harness.models import default_model_path
 from harness.engine.weights import load_checkpoint
+from harness.gpu.bench import BENCH_8L, OpProfile, _fill_random_context, profile_steps, table
+from harness.models import default_model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, "receipts", "bench", "h200-bench.json")

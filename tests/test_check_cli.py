@@ -6,8 +6,8 @@ import pytest
 import harness.walk.check as check_mod
 from harness import tokenizer
 from harness.cli import main
-from harness.models import default_model_path
 from harness.engine.weights import load_checkpoint, save_checkpoint
+from harness.models import default_model_path
 
 
 def run(capsys, *argv):

@@ -27,11 +27,11 @@ import pytest
 from harness import cli
 from harness.engine.backend import get_backend
 from harness.engine.config import ModelConfig
-from harness.errors import InputError, NumericError, PrimewalkError
 from harness.engine.model import Engine
+from harness.engine.weights import Checkpoint, load_checkpoint
+from harness.errors import InputError, NumericError, PrimewalkError
 from harness.models import default_model_path
 from harness.synth import random_tensors
-from harness.engine.weights import Checkpoint, load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,9 +23,9 @@ import pytest
 
 from harness.engine.config import ModelConfig
 from harness.engine.model import Engine
+from harness.engine.weights import Checkpoint, load_checkpoint
 from harness.models import default_model_path
 from harness.synth import random_tensors
-from harness.engine.weights import Checkpoint, load_checkpoint
 
 TINY_LENGTHS = [1, 2, 3, 63, 64, 65, 130, 257]
 MOE_LENGTHS = [1, 3, 65, 130]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from harness.engine.config import ModelConfig
-from harness.errors import CheckpointError, ConfigError, PrimewalkError
-from harness.synth import random_tensors
 from harness.engine.weights import (
     load_checkpoint, mtp_shapes, read_safetensors, save_checkpoint, to_file_tensors, trunk_shapes,
 )
+from harness.errors import CheckpointError, ConfigError, PrimewalkError
+from harness.synth import random_tensors
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402

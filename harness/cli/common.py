@@ -15,6 +15,13 @@ def backend_arg(p, choices=("cpu", "cuda")):
                    help="compute backend (default: $PRIMEWALK_BACKEND or cpu)")
 
 
+def prompt_args(p):
+    """``--ids`` or ``--text``, one of them required; :func:`prompt_ids` reads them."""
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--ids", help="comma-separated token ids, e.g. 1,2,3")
+    g.add_argument("--text", help="prompt text, tokenised as UTF-8 bytes")
+
+
 def load_model(path):
     """The checkpoint at ``path``, or the embedded tiny model."""
     from ..engine.weights import load_checkpoint

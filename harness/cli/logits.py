@@ -8,7 +8,7 @@ import io
 import numpy as np
 
 from ..errors import PrimewalkError
-from .common import backend_arg, load_model, model_arg, prompt_ids
+from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
 
 
 def cmd_logits(args) -> int:
@@ -42,9 +42,7 @@ def register(sub) -> None:
                        epilog="example: harness logits --text 'hello' --backend cpu --out logits.npy",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arg(p)
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--ids", help="comma-separated token ids, e.g. 1,2,3")
-    g.add_argument("--text", help="text, tokenised as UTF-8 bytes")
+    prompt_args(p)
     backend_arg(p, ("reference", "cpu", "cuda"))
     p.add_argument("--out", required=True, metavar="F.npy", help="output file (float64 for reference, float32 otherwise)")
     p.set_defaults(func=cmd_logits)

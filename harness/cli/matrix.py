@@ -32,7 +32,6 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-
 def default_out(spec: MatrixSpec, shard: tuple) -> str:
     stem = spec.stem
     if shard != (0, 1):

@@ -14,7 +14,7 @@ from ..walk.check import check_mtp_prime_walker
 from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
 from ..walk.sampling import Sampling
 from ..walk.speculative import generate
-from .common import backend_arg, load_model, model_arg, prompt_ids
+from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
 
 
 def _engine(args):
@@ -88,9 +88,7 @@ def register(sub) -> None:
                               "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arg(p)
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--text", help="prompt text (UTF-8 bytes)")
-    g.add_argument("--ids", help="comma-separated token ids")
+    prompt_args(p)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=2, help="draft length K")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -3,23 +3,8 @@
 ``Engine(checkpoint, backend)`` prepares the weights once (:mod:`.layout`); every session's work
 goes through the same engine and the same workspace buffers (activations, scratch), so
 interleaving sessions is a real hazard that the walker's peer check catches. Per-session state
-lives in :class:`~harness.engine.cache.Cache`.
-
-Entry points (bitwise consistent with each other in exact mode, since every kernel computes each
-row independently of how many rows share the launch):
-
-- ``prime_chunk(sess, ids)``: a batch of prompt rows; logits of the last row, hidden rows.
-- ``decode_step(sess, token)``: one row.
-- ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
-  ``capture``, per-row DeltaNet state so :meth:`Engine.rollback` can keep an accepted prefix.
-- ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP head
-  (``mtp_rows`` is the pass both run).
-
-Arrays at the API: **logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the
-entry point since every caller picks a token from them. **Hidden rows stay on the backend**
-(``[R, H]`` float32: numpy on cpu, a device array on cuda) and are opaque to callers: pass them
-back to the engine (the MTP calls take backend rows as they are, or host rows) or download them
-explicitly with :meth:`Engine.host`. A decode step thus copies only its logits to the host.
+lives in :class:`~harness.engine.cache.Cache`. The entry points and the arrays they take and
+return are in :class:`Engine`'s docstring.
 
 On a backend that can capture launches (CUDA), steps of at most
 :data:`~harness.engine.graphs.GRAPH_MAX_ROWS` rows run once eagerly, are then captured per cache
@@ -51,7 +36,29 @@ F32 = np.float32
 # the engine
 # ------------------------------------------------------------------------------------------------
 class Engine:
-    """Weights on one backend plus the workspace every session shares."""
+    """Weights on one backend plus the workspace every session shares.
+
+    Entry points (bitwise consistent with each other in exact mode, since every kernel computes
+    each row independently of how many rows share the launch):
+
+    - ``prime_chunk(sess, ids)``: a batch of prompt rows; logits of the last row, hidden rows.
+    - ``decode_step(sess, token)``: one row.
+    - ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
+      ``capture``, per-row DeltaNet state so :meth:`rollback` can keep an accepted prefix.
+    - ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP
+      head (``mtp_rows`` is the pass both run).
+
+    Arrays at the API, one convention for every entry point:
+
+    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the entry point:
+      every caller picks a token from them.
+    - **Hidden rows stay on the backend** (``[R, H]`` float32: numpy on cpu, a device array on
+      cuda) and are opaque to callers: pass them back to the engine (the MTP calls take backend
+      rows as they are, or host rows) or download them explicitly with :meth:`host`.
+
+    So a decode step copies nothing to the host but its logits (and the NaN/Inf flags when
+    ``check_finite``).
+    """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
                  graphs: bool | None = None):

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import FULL, LINEAR, ModelConfig
 from ..errors import CheckpointError, ConfigError
+from .config import FULL, LINEAR, ModelConfig
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16"}
 _SIZES = {"F32": 4, "F16": 2, "F64": 8, "BF16": 2}

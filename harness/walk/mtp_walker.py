@@ -65,7 +65,12 @@ class PreparedPrime:
 
 
 class MtpPrimeWalker(GuardedWalker):
-    """The resumable MTP prime of ``prompt`` into ``sess`` (see the module docstring)."""
+    """The resumable MTP prime of ``prompt`` into ``sess`` (see the module docstring).
+
+    ``prime_split``: the prompt row the trunk is split at; ``capture_at`` / ``ckpt_at``: the
+    absolute positions of a boundary capture and of the turn checkpoint (None: no capture; the
+    checkpoint at the end of the prompt). Nothing runs, and the session is untouched, until the
+    first :meth:`advance_chunk`; a refused walker leaves the session as it was."""
 
     def __init__(self, engine, sess, prompt, k, sampling=None, prime_split=None,
                  chunk_rows=DEFAULT_CHUNK_ROWS, fill_chunk=DEFAULT_FILL_CHUNK, tokenwise=False,
