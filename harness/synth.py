@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ModelConfig
-from .weights import mtp_shapes, trunk_shapes
+from .engine.config import ModelConfig
+from .engine.weights import mtp_shapes, trunk_shapes
 
 
 def random_tensors(cfg: ModelConfig, seed: int = 0, mtp: bool = True, scale: float = 1.0,

@@ -26,7 +26,7 @@
 import os
 from pathlib import Path
 
-from harness.matrix import REPO
+from harness.matrix.builtin import REPO
 
 ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 
@@ -43,8 +43,8 @@ DEFAULT_GOLDEN = os.environ.get("PRIMEWALK_RECEIPT_DEFAULT", "receipts/golden/de
 # %matplotlib inline
 import pandas as pd
 
-from harness.plots import acceptance_figure, acceptance_len_figure
-from harness.receipts import acceptance_by_k, load, read_receipt, receipt_pair
+from harness.matrix.plots import acceptance_figure, acceptance_len_figure
+from harness.matrix.receipts import acceptance_by_k, load, read_receipt, receipt_pair
 
 path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 

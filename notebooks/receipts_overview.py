@@ -22,7 +22,7 @@
 import os
 from pathlib import Path
 
-from harness.matrix import REPO
+from harness.matrix.builtin import REPO
 
 ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 
@@ -36,9 +36,9 @@ RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.
 # %matplotlib inline
 import pandas as pd
 
-from harness.diff import diff_receipts
-from harness.plots import schedule_labels, verdicts_figure
-from harness.receipts import load, read_receipt, receipt_pair
+from harness.matrix.diff import diff_receipts
+from harness.matrix.plots import schedule_labels, verdicts_figure
+from harness.matrix.receipts import load, read_receipt, receipt_pair
 
 path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 

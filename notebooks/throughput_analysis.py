@@ -23,7 +23,7 @@
 import os
 from pathlib import Path
 
-from harness.matrix import REPO
+from harness.matrix.builtin import REPO
 
 ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 
@@ -37,8 +37,8 @@ RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.
 # %matplotlib inline
 import pandas as pd
 
-from harness.plots import decode_figure, prime_throughput_figure, schedule_labels
-from harness.receipts import load, read_receipt, receipt_pair
+from harness.matrix.plots import decode_figure, prime_throughput_figure, schedule_labels
+from harness.matrix.receipts import load, read_receipt, receipt_pair
 
 path_a, path_b = receipt_pair(ROOT, RECEIPT, RECEIPT_B)
 

@@ -282,7 +282,7 @@ def add_mtp(src_folder: str, dst_folder: str, mtp_tensors: dict) -> None:
     to file names: experts per expert) to its model.safetensors."""
     from safetensors.numpy import load_file, save_file
 
-    from harness.weights import to_file_tensors
+    from harness.engine.weights import to_file_tensors
 
     os.makedirs(dst_folder, exist_ok=True)
     shutil.copy(os.path.join(src_folder, "config.json"), os.path.join(dst_folder, "config.json"))

@@ -13,8 +13,8 @@ import copy
 import hashlib
 import random
 
-from harness.matrix import schedule_label
-from harness.receipts import SCHEMA_VERSION, spec_hash
+from harness.matrix.cells import schedule_label
+from harness.matrix.receipts import SCHEMA_VERSION, spec_hash
 
 MODEL = "tiny"
 PROMPTS = {"p17": 17, "p130": 130, "p300": 300}

@@ -1,4 +1,4 @@
-"""``harness.receipts.acceptance_by_k``: acceptance pooled by drafts, the one aggregation the plots,
+"""``harness.matrix.receipts.acceptance_by_k``: acceptance pooled by drafts, the one aggregation the plots,
 the acceptance notebook and ``tools/acceptance_table.py`` use."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness.receipts import acceptance_by_k
+from harness.matrix.receipts import acceptance_by_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from harness.bench import BENCH_8L, OpProfile, _fill_random_context, profile_steps, table
-from harness.model import Engine
+from harness.engine.model import Engine
+from harness.engine.weights import load_checkpoint
+from harness.gpu.bench import BENCH_8L, OpProfile, _fill_random_context, profile_steps, table
 from harness.models import default_model_path
-from harness.weights import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, "receipts", "bench", "h200-bench.json")

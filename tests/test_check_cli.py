@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import harness.walker as walker_mod
+import harness.walk.check as check_mod
 from harness import tokenizer
 from harness.cli import main
+from harness.engine.weights import load_checkpoint, save_checkpoint
 from harness.models import default_model_path
-from harness.weights import load_checkpoint, save_checkpoint
 
 
 def run(capsys, *argv):
@@ -109,7 +109,7 @@ def test_model_without_mtp_head(capsys, trunk_only_dir, command, extra):
 
 
 def _tamper(monkeypatch, how):
-    real = walker_mod.run_prime
+    real = check_mod.run_prime
 
     def wrapped(engine, sess, prompt, k, **kw):
         if how == "no-yield":
@@ -125,7 +125,7 @@ def _tamper(monkeypatch, how):
             c.last_h[0] = np.nextafter(c.last_h[0], np.float32(-np.inf))
         return r
 
-    monkeypatch.setattr(walker_mod, "run_prime", wrapped)
+    monkeypatch.setattr(check_mod, "run_prime", wrapped)
 
 
 @pytest.mark.parametrize("how,match", [
@@ -149,8 +149,8 @@ def test_check_fails_on_tampered_walker(capsys, monkeypatch, how, match):
 # harness generate
 # ------------------------------------------------------------------------------------------------
 def _plain_tokens(ids, n):
-    from harness.model import Engine
-    from harness.spec import generate
+    from harness.engine.model import Engine
+    from harness.walk.speculative import generate
 
     eng = Engine(load_checkpoint(default_model_path()), "cpu")
     return generate(eng, ids, n, 1, speculative=False)[0].tokens

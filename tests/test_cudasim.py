@@ -111,9 +111,9 @@ SCRIPT = textwrap.dedent(r'''
     ops_s = time.time() - t0
 
     # ---- the tiny model ------------------------------------------------------------------------
-    from harness.model import Engine
+    from harness.engine.model import Engine
     from harness.models import default_model_path
-    from harness.weights import load_checkpoint
+    from harness.engine.weights import load_checkpoint
 
     # The fast linear runs 128-256 simulated threads per block with barriers: ~6 s a call here, so
     # the model runs on the one-thread-per-output launch (checked above, like the fast one).

@@ -14,10 +14,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from receipt_factory import find_cell, make_receipt  # noqa: E402
 
-from harness import diff  # noqa: E402
-from harness.diff import diff_receipts  # noqa: E402
+from harness.cli import matrix as matrix_cli  # noqa: E402
 from harness.errors import PrimewalkError  # noqa: E402
-from harness.receipts import read_receipt, spec_hash, write_receipt  # noqa: E402
+from harness.matrix import diff  # noqa: E402
+from harness.matrix.diff import diff_receipts  # noqa: E402
+from harness.matrix.receipts import read_receipt, spec_hash, write_receipt  # noqa: E402
 
 CELL = "tiny/p130/split@64/k2/greedy"
 N = len(make_receipt()["cells"])
@@ -31,7 +32,7 @@ def pair():
 def cli(*argv) -> int:
     parser = argparse.ArgumentParser(prog="harness")
     sub = parser.add_subparsers(dest="command", required=True)
-    diff.register(sub)
+    matrix_cli.register(sub)
     args = parser.parse_args([str(a) for a in argv])
     return args.func(args)
 

@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 
 from harness import cli
-from harness.backend import get_backend
-from harness.config import ModelConfig
+from harness.engine.backend import get_backend
+from harness.engine.config import ModelConfig
+from harness.engine.model import Engine
+from harness.engine.weights import Checkpoint, load_checkpoint
 from harness.errors import InputError, NumericError, PrimewalkError
-from harness.model import Engine
 from harness.models import default_model_path
 from harness.synth import random_tensors
-from harness.weights import Checkpoint, load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +86,7 @@ def test_non_1d_prompt_is_not_called_empty(eng):
     with pytest.raises(InputError) as ei:
         eng.target_step(eng.new_session(4), [[1, 2]])
     assert "empty" not in str(ei.value), (
-        f"harness/model.py Engine.check_ids reports a non-empty 2-D prompt as empty: {ei.value!r} "
+        f"harness/engine/model.py Engine.check_ids reports a non-empty 2-D prompt as empty: {ei.value!r} "
         "(ids.ndim != 1 and ids.size == 0 share one message)")
 
 
@@ -174,7 +174,7 @@ def test_restore_after_numeric_error_makes_the_session_usable(sick):
         lg, _ = sick.target_step(sess, IDS[3:])
     except InputError as e:
         raise AssertionError(
-            "harness/model.py: after a NumericError, Cache.restore(snapshot) does not clear "
+            "harness/engine/cache.py: after a NumericError, Cache.restore(snapshot) does not clear "
             "Session.poisoned (the flag lives on the Session, restore on the Cache), so the "
             f"advice in the refusal cannot be followed: {e}") from None
     ref = sick.new_session(16)

@@ -1,7 +1,7 @@
 """The ``env`` block of receipts names the code: ``$PRIMEWALK_COMMIT`` wins over the checkout's
 ``.git`` (a GPU box's copy of the tree may carry an older ``.git`` under newer files)."""
 
-from harness.receipts import env_info
+from harness.matrix.receipts import env_info
 
 
 def test_primewalk_commit_names_the_code(monkeypatch):

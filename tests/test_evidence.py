@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from harness import evidence as ev
+from harness.gpu import evidence as ev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

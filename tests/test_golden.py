@@ -12,9 +12,11 @@ import os
 
 import pytest
 
-from harness.diff import diff_receipts
-from harness.matrix import GOLDEN_PATH, REPO, SPECS_DIR, golden_path, load_spec, run_matrix
-from harness.receipts import read_receipt
+from harness.matrix.builtin import GOLDEN_PATH, REPO, SPECS_DIR, golden_path
+from harness.matrix.diff import diff_receipts
+from harness.matrix.receipts import read_receipt
+from harness.matrix.runner import run_matrix
+from harness.matrix.specfile import load_spec
 
 DEVICE_PATH = os.path.join(REPO, "receipts", "device", "h200-default.json")
 GOLDEN_SPECS = ("tiny", "default")  # the tiny one first: it fails fast
@@ -47,7 +49,7 @@ def test_builtin_matrix_matches_its_golden(stem):
     golden = _golden(stem)
     spec = load_spec(None if stem == "default" else os.path.join(SPECS_DIR, f"{stem}.toml"), backend="cpu")
     assert spec.golden == golden_path(stem)
-    receipt = run_matrix(spec, quiet=True)
+    receipt = run_matrix(spec)  # no progress display
     failed = [c["id"] for c in receipt["cells"] if c["verdict"]["status"] != "bitwise"]
     assert not failed, f"cells not bitwise: {failed[:10]}"
     result = diff_receipts(golden, receipt)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.config import ModelConfig
-from harness.model import Engine
+from harness.engine.config import ModelConfig
+from harness.engine.model import Engine
+from harness.engine.weights import Checkpoint, load_checkpoint
 from harness.models import default_model_path
 from harness.synth import random_tensors
-from harness.weights import Checkpoint, load_checkpoint
 
 TINY_LENGTHS = [1, 2, 3, 63, 64, 65, 130, 257]
 MOE_LENGTHS = [1, 3, 65, 130]

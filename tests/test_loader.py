@@ -1,5 +1,5 @@
-"""Checkpoint loading (harness/weights.py, harness/config.py): round trips, dtypes, shards, and one
-clear one-line error for every way a checkpoint can be wrong. No torch needed."""
+"""Checkpoint loading (harness/engine/weights.py, harness/engine/config.py): round trips, dtypes,
+shards, and one clear one-line error for every way a checkpoint can be wrong. No torch needed."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import struct
 import numpy as np
 import pytest
 
-from harness.config import ModelConfig
-from harness.errors import CheckpointError, ConfigError, PrimewalkError
-from harness.synth import random_tensors
-from harness.weights import (
+from harness.engine.config import ModelConfig
+from harness.engine.weights import (
     load_checkpoint, mtp_shapes, read_safetensors, save_checkpoint, to_file_tensors, trunk_shapes,
 )
+from harness.errors import CheckpointError, ConfigError, PrimewalkError
+from harness.synth import random_tensors
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402

@@ -9,13 +9,17 @@ import os
 import numpy as np
 import pytest
 
-from harness import cli, matrix
-from harness.diff import diff_receipts
+from harness import cli
+from harness.engine.digests import capture_digest, continuation_digest, logits_digest
 from harness.errors import PrimewalkError
-from harness.matrix import Raw, expand, load_spec, parse_spec
-from harness.receipts import csv_path, merge_receipts, read_receipt
-from harness.sampling import Sampling
-from harness.schedule import PRIME_MIN_T
+from harness.matrix import builtin, runner, specfile
+from harness.matrix.cells import Cell, expand
+from harness.matrix.diff import diff_receipts
+from harness.matrix.receipts import csv_path, merge_receipts, read_receipt
+from harness.matrix.runner import Raw
+from harness.matrix.specfile import load_spec, parse_spec
+from harness.walk.sampling import Sampling
+from harness.walk.schedule import PRIME_MIN_T
 
 # Short prompts so the run is fast: p30 and p72 (synthetic), a text prompt of 11 tokens (short).
 TINY_SPEC = """\
@@ -123,7 +127,7 @@ def test_bad_spec_is_refused_in_one_line_before_anything_runs(tmp_path, monkeypa
     def must_not_run(*a, **k):
         raise AssertionError("a cell ran for a bad spec")
 
-    monkeypatch.setattr(matrix, "load_models", must_not_run)
+    monkeypatch.setattr(runner, "load_models", must_not_run)
     spec = _write(tmp_path, text)
     out = tmp_path / "out" / "x.json"
     rc, stdout, stderr = _run(["run-matrix", "--spec", spec, "--out", str(out), "--no-plots"])
@@ -147,9 +151,9 @@ def test_update_golden_takes_built_in_specs_only_each_to_its_own_golden(tmp_path
     def must_not_run(*a, **k):
         raise AssertionError("a cell ran for a refused --update-golden")
 
-    monkeypatch.setattr(matrix, "run_matrix", must_not_run)
+    monkeypatch.setattr(runner, "run_matrix", must_not_run)
     # a spec outside harness/specs/ (even a copy of a built-in one) has no golden
-    copy = _write(tmp_path, open(os.path.join(matrix.SPECS_DIR, "tiny.toml")).read(), name="tiny.toml")
+    copy = _write(tmp_path, open(os.path.join(builtin.SPECS_DIR, "tiny.toml")).read(), name="tiny.toml")
     for spec in (_write(tmp_path, TINY_SPEC), copy):
         rc, _, err = _run(["run-matrix", "--spec", spec, "--update-golden", "--no-plots"])
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
@@ -158,21 +162,21 @@ def test_update_golden_takes_built_in_specs_only_each_to_its_own_golden(tmp_path
     for argv, why in ((["--backend", "cuda"], "the backend is cuda"),
                       (["--spec", tiny, "--out", str(tmp_path / "x.json")], "--out is given"),
                       (["--spec", tiny, "--shard", "0/2"], "--shard is given"),
-                      (["--spec", tiny, "--model", matrix.EMBEDDED], "--model is given")):
+                      (["--spec", tiny, "--model", specfile.EMBEDDED], "--model is given")):
         rc, _, err = _run(["run-matrix", "--update-golden", "--no-plots", *argv])
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "--update-golden only records a built-in spec on the cpu backend" in err and why in err, err
     assert not (tmp_path / "x.json").exists()
     # each built-in spec's golden is receipts/golden/<stem>.json, however the spec's path is written
-    assert matrix.GOLDEN_PATH == matrix.golden_path("default") == load_spec(None).golden
-    assert set(matrix.builtin_specs()) >= {"default", "tiny", "stdlib"}
-    monkeypatch.chdir(matrix.REPO)
-    for path in (tiny, os.path.join(matrix.REPO, tiny), os.path.join("harness", "..", tiny)):
+    assert builtin.GOLDEN_PATH == builtin.golden_path("default") == load_spec(None).golden
+    assert set(builtin.builtin_specs()) >= {"default", "tiny", "stdlib"}
+    monkeypatch.chdir(builtin.REPO)
+    for path in (tiny, os.path.join(builtin.REPO, tiny), os.path.join("harness", "..", tiny)):
         spec = load_spec(path)
         assert spec.builtin == spec.stem == "tiny" and spec.source == tiny.replace(os.sep, "/")
-        assert spec.golden == os.path.join(matrix.REPO, "receipts", "golden", "tiny.json")
+        assert spec.golden == os.path.join(builtin.REPO, "receipts", "golden", "tiny.json")
     spec = load_spec(os.path.join("harness", "specs", "default.toml"))
-    assert spec.is_default and spec.source == "default" and spec.golden == matrix.GOLDEN_PATH
+    assert spec.is_default and spec.source == "default" and spec.golden == builtin.GOLDEN_PATH
     assert load_spec(copy).golden is None and load_spec(copy).stem == "tiny"
 
 
@@ -180,20 +184,20 @@ def test_default_spec_is_the_trained_model():
     spec = load_spec(None)
     assert spec.is_default and spec.builtin == "default" and spec.backend == "cpu" and spec.mode == "exact"
     assert list(spec.models) == ["stdlib"]
-    assert os.path.samefile(spec.model_dirs["stdlib"], os.path.join(matrix.HERE, "models", "stdlib-small"))
+    assert os.path.samefile(spec.model_dirs["stdlib"], os.path.join(builtin.HARNESS, "models", "stdlib-small"))
     cells, notes = expand(spec)
     ids = [c.id for c in cells]
     assert len(ids) == len(set(ids)) == 99
     oracles = {c.id for c in cells if c.variant == "unyielded"}
     assert all(c.oracle in oracles for c in cells)
-    assert {c.variant for c in cells} == set(matrix.VARIANTS)
+    assert {c.variant for c in cells} == set(specfile.VARIANTS)
     assert all(c.prompt.length <= spec.fill_chunk for c in cells if c.variant == "short")
     assert "stdlib/heldout2/split@192/k2/t0.7" in ids and "stdlib/short/short/k3/greedy" in ids
     assert [c.id for c in expand(load_spec("default"))[0]] == ids
 
 
 def test_tiny_spec_expands_to_unique_ids_with_their_oracles():
-    spec = load_spec(os.path.join(matrix.SPECS_DIR, "tiny.toml"))
+    spec = load_spec(os.path.join(builtin.SPECS_DIR, "tiny.toml"))
     assert spec.builtin == "tiny" and spec.backend == "cpu" and spec.mode == "exact"
     assert list(spec.models) == ["tiny"]
     cells, notes = expand(spec)
@@ -202,13 +206,13 @@ def test_tiny_spec_expands_to_unique_ids_with_their_oracles():
     assert [c.order for c in cells] == list(range(len(cells)))
     oracles = {c.id for c in cells if c.variant == "unyielded"}
     assert all(c.oracle in oracles for c in cells)
-    assert {c.variant for c in cells} == set(matrix.VARIANTS)
+    assert {c.variant for c in cells} == set(specfile.VARIANTS)
     # p40 is short: split/checkpoint at 0.5 round down to row 0 and are skipped, with notes
     assert not any(c.prompt.name == "p40" and c.points for c in cells)
     assert any("p40" in n and "PRIME_MIN_T" in n for n in notes)
     assert all(c.prompt.length <= spec.fill_chunk for c in cells if c.variant == "short")
     # expansion is stable: the same spec gives the same ids in the same order
-    assert [c.id for c in expand(load_spec(os.path.join(matrix.SPECS_DIR, "tiny.toml")))[0]] == ids
+    assert [c.id for c in expand(load_spec(os.path.join(builtin.SPECS_DIR, "tiny.toml")))[0]] == ids
     assert "tiny/p130/split@64/k2/greedy" in ids
     assert "tiny/p257/batched@c32/k1/greedy" in ids
 
@@ -227,47 +231,44 @@ def test_points_round_down_to_the_gdn_grid_and_short_uses_the_prompt_length(tmp_
 
 def test_verdict_names_what_differs_with_max_abs_and_ulp():
     logits = np.linspace(-1, 1, 16, dtype=np.float32)
-    from harness.walker import capture_digest, logits_digest
 
     def raw(lg, tokens=(1, 2, 3), state="s"):
         return Raw(tape=[], yields=0, logits=lg,
                    digests={"logits": logits_digest(lg), "captures": capture_digest([]), "final_state": state,
-                            "continuation": matrix.continuation_digest(tokens)},
+                            "continuation": continuation_digest(tokens)},
                    tokens=list(tokens), plain_tokens=list(tokens), acceptance={}, timings={})
 
     spec = parse_spec({"k": [1], "variants": ["unyielded", "tokenwise"],
                        "prompts": [{"kind": "synthetic", "lengths": [40]}]}, where="s.toml")
     oracle_cell, cell = expand(spec)[0]
     oracle = raw(logits)
-    assert matrix.verdict(oracle_cell, oracle, oracle, logits, capture_digest([]))["status"] == "bitwise"
-    assert matrix.verdict(cell, raw(logits.copy()), oracle, logits, capture_digest([]))["status"] == "bitwise"
+    assert runner.verdict(oracle_cell, oracle, oracle, logits, capture_digest([]))["status"] == "bitwise"
+    assert runner.verdict(cell, raw(logits.copy()), oracle, logits, capture_digest([]))["status"] == "bitwise"
     bumped = logits.copy()
     bumped[3] = np.nextafter(bumped[3], np.float32(2), dtype=np.float32)
     bumped[3] = np.nextafter(bumped[3], np.float32(2), dtype=np.float32)
-    v = matrix.verdict(cell, raw(bumped, tokens=(1, 2, 4), state="t"), oracle, logits, capture_digest([]))
+    v = runner.verdict(cell, raw(bumped, tokens=(1, 2, 4), state="t"), oracle, logits, capture_digest([]))
     assert v["status"] == "fail" and v["max_ulp"] == 2 and 0 < v["max_abs"] < 1e-6
     assert "logits" in v["detail"] and "final_state" in v["detail"]
     assert "continuation (from token 2)" in v["detail"]
     # the oracle itself is checked against the independent prime
-    v = matrix.verdict(oracle_cell, oracle, oracle, bumped, capture_digest([]))
+    v = runner.verdict(oracle_cell, oracle, oracle, bumped, capture_digest([]))
     assert v["status"] == "fail" and "independent" in v["detail"]
-    assert matrix.ulp_distance(np.float32([-0.0]), np.float32([0.0])) == 0
-    assert matrix.ulp_distance(np.float32([-1e-45]), np.float32([1e-45])) == 2
+    assert runner.ulp_distance(np.float32([-0.0]), np.float32([0.0])) == 0
+    assert runner.ulp_distance(np.float32([-1e-45]), np.float32([1e-45])) == 2
 
 
 def test_greedy_speculative_must_equal_plain_decoding():
-    from harness.walker import capture_digest, logits_digest
-
     spec = parse_spec({"k": [1], "variants": ["unyielded"], "prompts": [{"kind": "synthetic", "lengths": [40]}]},
                       where="s.toml")
     (cell,) = expand(spec)[0]
     lg = np.zeros(4, np.float32)
     r = Raw([], 0, lg, {"logits": logits_digest(lg), "captures": capture_digest([]), "final_state": "s",
                         "continuation": "c"}, [1, 2], [1, 3], {}, {})
-    v = matrix.verdict(cell, r, r, lg, capture_digest([]))
+    v = runner.verdict(cell, r, r, lg, capture_digest([]))
     assert v["status"] == "fail" and "plain greedy" in v["detail"]
-    sampled = matrix.Cell(**{**cell.__dict__, "sampling": Sampling(0.7, 1), "sampling_label": "t0.7"})
-    assert matrix.verdict(sampled, r, r, lg, capture_digest([]))["status"] == "bitwise"
+    sampled = Cell(**{**cell.__dict__, "sampling": Sampling(0.7, 1), "sampling_label": "t0.7"})
+    assert runner.verdict(sampled, r, r, lg, capture_digest([]))["status"] == "bitwise"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,7 +351,7 @@ def test_a_changed_digest_makes_diff_exit_1_naming_the_cell(tiny, tmp_path):
 
 def test_interrupted_run_leaves_no_receipt(tmp_path, monkeypatch):
     spec = _write(tmp_path, TINY_SPEC)
-    real, calls = matrix.run_cell, []
+    real, calls = runner.run_cell, []
 
     def flaky(*a, **k):
         calls.append(1)
@@ -358,7 +359,7 @@ def test_interrupted_run_leaves_no_receipt(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(matrix, "run_cell", flaky)
+    monkeypatch.setattr(runner, "run_cell", flaky)
     out = tmp_path / "out" / "r.json"
     rc, _, err = _run(["run-matrix", "--spec", spec, "--out", str(out)])
     assert rc == 130 and "interrupted" in err
@@ -388,11 +389,9 @@ def test_figures_are_drawn_beside_the_receipt(tmp_path):
 
 
 def test_a_failing_cell_is_recorded_and_exits_1(tmp_path, monkeypatch):
-    from harness.walker import logits_digest
-
     spec = _write(tmp_path, 'k = [1]\nvariants = ["unyielded", "tokenwise", { name = "batched", chunk_rows = 16 }]\n'
                             '[[prompts]]\nkind = "synthetic"\nlengths = [40]\n')
-    real = matrix.run_cell
+    real = runner.run_cell
 
     def drift(engine, cell, ids, max_new):
         raw = real(engine, cell, ids, max_new)
@@ -402,7 +401,7 @@ def test_a_failing_cell_is_recorded_and_exits_1(tmp_path, monkeypatch):
             raw.digests["logits"] = logits_digest(raw.logits)
         return raw
 
-    monkeypatch.setattr(matrix, "run_cell", drift)
+    monkeypatch.setattr(runner, "run_cell", drift)
     out = tmp_path / "r.json"
     rc, stdout, _ = _run(["run-matrix", "--spec", spec, "--out", str(out), "--no-plots"])
     assert rc == 1

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from harness import mmacheck
+from harness.gpu import mmacheck
 from harness.errors import PrimewalkError
 from numba_kernels import mma
 from numba_kernels.mma import DEFAULT, Rule, bf16_to_f32, f32_to_bf16, mma_check_bits, ref_mma

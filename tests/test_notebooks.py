@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from receipt_factory import make_receipt  # noqa: E402
 
-from harness.receipts import write_receipt  # noqa: E402
+from harness.matrix.receipts import write_receipt  # noqa: E402
 
 jupytext = pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")

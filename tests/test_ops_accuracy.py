@@ -27,9 +27,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-from harness.model import Engine, rope_tables
+from harness.engine.model import Engine
+from harness.engine.rope import rope_tables
 from harness.models import default_model_path
-from harness.weights import load_checkpoint
+from harness.engine.weights import load_checkpoint
 from numba_kernels import cpu
 from numba_kernels import reference as ref
 

@@ -39,9 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import oracle_models as om  # noqa: E402
 
+from harness.engine.weights import load_checkpoint, read_safetensors, save_checkpoint  # noqa: E402
 from harness.errors import CheckpointError  # noqa: E402
 from harness.synth import random_tensors  # noqa: E402
-from harness.weights import load_checkpoint, read_safetensors, save_checkpoint  # noqa: E402
 from numba_kernels.reference import RefModel  # noqa: E402
 
 NAMES = list(om.CONFIGS)

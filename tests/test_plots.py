@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from receipt_factory import make_receipt  # noqa: E402
 
-from harness import plots  # noqa: E402
-from harness.plots import plot_receipt, render, schedule_labels, variant_label  # noqa: E402
-from harness.receipts import write_receipt  # noqa: E402
+from harness.cli import matrix as matrix_cli  # noqa: E402
+from harness.matrix.plots import plot_receipt, render, schedule_labels, variant_label  # noqa: E402
+from harness.matrix.receipts import write_receipt  # noqa: E402
 
 NAMES = ("verdicts", "acceptance", "acceptance_len", "prime_throughput", "decode")
 STATUSES = {"tiny/p130/checkpoint@96/k2/greedy": "tolerance", "tiny/p300/tokenwise/k3/greedy": "fail"}
@@ -100,7 +100,7 @@ def test_labels():
 def test_cli_prints_the_paths(receipt_path, capsys):
     parser = argparse.ArgumentParser(prog="harness")
     sub = parser.add_subparsers(dest="command", required=True)
-    plots.register(sub)
+    matrix_cli.register(sub)
     args = parser.parse_args(["plot", str(receipt_path)])
     assert args.func(args) == 0
     out = capsys.readouterr().out.splitlines()

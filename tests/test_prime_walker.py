@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from harness.prime_walker import (
+from harness.walk.protocol import (
     GuardedWalker,
     PrimeChunk,
     PrimeError,
@@ -228,7 +228,7 @@ def test_observe_sees_every_chunk_in_order(yielded):
 
 def test_trace_chunk_is_a_quiet_debug_observer(caplog, capsys):
     walker = FakeWalker()
-    with caplog.at_level(logging.DEBUG, logger="harness.prime_walker"):
+    with caplog.at_level(logging.DEBUG, logger="harness.walk.protocol"):
         drain(walker, observe=trace_chunk)
     assert [r.getMessage() for r in caplog.records] == [
         f"prime chunk {c.phase} rows={c.rows}" for c in PLAN

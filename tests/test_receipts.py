@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from receipt_factory import find_cell, make_receipt  # noqa: E402
 
-from harness import receipts  # noqa: E402
 from harness.errors import PrimewalkError  # noqa: E402
-from harness.receipts import (  # noqa: E402
+from harness.matrix import receipts  # noqa: E402
+from harness.matrix.receipts import (  # noqa: E402
     COMPARED,
     INFORMATIONAL,
     SCHEMA_VERSION,

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from harness.schedule import PRIME_MIN_T, TrunkChunk, chunk_ranges, trunk_schedule
+from harness.walk.schedule import PRIME_MIN_T, TrunkChunk, chunk_ranges, trunk_schedule
 
 
 def whole(n):

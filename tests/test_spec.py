@@ -7,12 +7,14 @@ import hashlib
 import numpy as np
 import pytest
 
-from harness import sampling as smp
+from harness.engine.model import Engine
+from harness.engine.weights import load_checkpoint
 from harness.errors import InputError, PrimewalkError
-from harness.model import Engine
 from harness.models import default_model_path
-from harness.sampling import Sampling
-from harness.spec import (
+from harness.walk import sampling as smp
+from harness.walk.mtp_walker import run_prime
+from harness.walk.sampling import Sampling
+from harness.walk.speculative import (
     STREAM_ACCEPT,
     _verify,
     acceptance_metrics,
@@ -20,8 +22,6 @@ from harness.spec import (
     continue_spec,
     generate,
 )
-from harness.walker import run_prime
-from harness.weights import load_checkpoint
 
 V = 260
 N = 20  # tokens generated per run

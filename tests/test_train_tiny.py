@@ -9,7 +9,7 @@
 - Chained MTP depths (2, 3) trained in parallel equal the engine's one-row-at-a-time chain
   (``RefModel.mtp_rows``) to 1e-9, and their losses pair rows and targets as documented.
 - ``--smoke`` runs end to end on the CPU in a temporary folder: every output is there, the export
-  loads with ``harness.weights.load_checkpoint`` and ``RefModel`` on ``heldout_eval.bin``
+  loads with ``harness.engine.weights.load_checkpoint`` and ``RefModel`` on ``heldout_eval.bin``
   reproduces the logged float64 numbers, the prompts are held-out UTF-8 excerpts of <= 1 KiB, the
   bundle reassembles, a rerun is bitwise identical, and ``harness/specs/stdlib.toml`` loads with
   the smoke output standing in for ``harness/models/stdlib-small``.
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import train_tiny as tt  # noqa: E402
 
-from harness.weights import load_checkpoint, save_checkpoint  # noqa: E402
+from harness.engine.weights import load_checkpoint, save_checkpoint  # noqa: E402
 from numba_kernels.reference import RefModel  # noqa: E402
 
 LIN, FULL = tt.LIN, tt.FULL
@@ -103,7 +103,7 @@ def checked(tmp_path_factory):
 
 def test_export_keys_are_the_loader_layout(checked):
     # the exporter writes exactly what the loader expects: HF trunk names + vLLM's mtp.* names
-    from harness.weights import mtp_shapes, trunk_shapes
+    from harness.engine.weights import mtp_shapes, trunk_shapes
 
     ck = checked["ck"]
     want = dict(trunk_shapes(ck.config), **mtp_shapes(ck.config))
@@ -350,7 +350,8 @@ def test_smoke_is_deterministic(smoke, tmp_path):
 
 
 def test_stdlib_spec_loads_with_the_smoke_model(smoke):
-    from harness.matrix import expand, load_spec
+    from harness.matrix.cells import expand
+    from harness.matrix.specfile import load_spec
 
     # the spec's paths are relative to its folder: ../models/stdlib-small from harness/specs/
     specs = smoke["root"] / "specs"

@@ -4,20 +4,15 @@ errors, boundary captures, the turn checkpoint and the MTP fill — all bitwise.
 import numpy as np
 import pytest
 
+from harness.engine.digests import capture_digest
+from harness.engine.model import Engine
+from harness.engine.weights import load_checkpoint, save_checkpoint
 from harness.errors import InputError, PrimewalkError
-from harness.model import Engine
 from harness.models import default_model_path
-from harness.prime_walker import PrimeChunk, PrimeError, advance_prime
-from harness.schedule import PRIME_MIN_T
-from harness.walker import (
-    BoundaryCapture,
-    MtpPrimeWalker,
-    Peer,
-    PreparedPrime,
-    capture_digest,
-    run_prime,
-)
-from harness.weights import load_checkpoint, save_checkpoint
+from harness.walk.check import Peer
+from harness.walk.mtp_walker import BoundaryCapture, MtpPrimeWalker, PreparedPrime, run_prime
+from harness.walk.protocol import PrimeChunk, PrimeError, advance_prime
+from harness.walk.schedule import PRIME_MIN_T
 
 V = 260
 
@@ -63,7 +58,7 @@ def drain(walker):
 
 def session_state(sess):
     """Everything a failed walker construction must leave untouched."""
-    return (sess.cache.digest(), sess.cache.pos, sess.cache.mtp_len, sess.capture_at, sess.ckpt_at,
+    return (sess.cache.digest(), sess.cache.pos, sess.cache.mtp_len,
             len(sess.boundary_captures), id(sess.turn_ckpt), id(sess.prime_ready))
 
 
@@ -147,8 +142,7 @@ def test_segmented_tapes_one_chunk_per_advance(eng, monkeypatch, tp, kw, ckpt_at
     monkeypatch.setattr(eng, "target_step", ts)
     prompt = prompt_of(tp, 3)
     sess = eng.new_session(tp + 8)
-    sess.ckpt_at = ckpt_at
-    w = MtpPrimeWalker(eng, sess, prompt, 3, **kw)
+    w = MtpPrimeWalker(eng, sess, prompt, 3, ckpt_at=ckpt_at, **kw)
     assert not w.short
     assert w.tape() == want
     n_trunk = sum(1 for ph, _ in want if ph == "mtp-trunk")
@@ -233,10 +227,10 @@ def test_yielded_equals_drained(eng, tp, kw, cap, ckpt_at):
     out = []
     for yielded in (False, True):
         sess = eng.new_session(tp + 16)
-        sess.capture_at, sess.ckpt_at = cap, ckpt_at
         peer = Peer(eng) if yielded else None
         peer_pos0 = peer.sess.cache.pos if yielded else 0
-        run = run_prime(eng, sess, prompt, 2, yield_hook=peer.step if yielded else None, **kw)
+        run = run_prime(eng, sess, prompt, 2, yield_hook=peer.step if yielded else None,
+                        capture_at=cap, ckpt_at=ckpt_at, **kw)
         if yielded:
             assert run.yields == len(run.tape) - 1
             assert peer.sess.cache.pos == peer_pos0 + run.yields  # the peer really decoded in between
@@ -298,10 +292,9 @@ def test_walker_errors_leave_session_untouched(eng, case, err, match):
         kw = {"prime_split": PRIME_MIN_T - 1}
     elif case == "bad-id":
         prompt[7] = V
-    sess.capture_at, sess.ckpt_at = 100, 100
     before = session_state(sess)
     with pytest.raises(err, match=match) as ei:
-        MtpPrimeWalker(eng, sess, prompt, k, **kw)
+        MtpPrimeWalker(eng, sess, prompt, k, capture_at=100, ckpt_at=100, **kw)
     assert "\n" not in str(ei.value)
     assert session_state(sess) == before
 
@@ -315,8 +308,7 @@ def test_capacity_edge_fits(eng):
 def test_split_below_min_t_allowed_after_an_earlier_checkpoint(eng):
     # the split is not the first stop: the segment before it is the checkpoint's, which may be short
     sess = eng.new_session(200)
-    sess.ckpt_at = 8
-    w = MtpPrimeWalker(eng, sess, prompt_of(130, 1), 1, prime_split=20)
+    w = MtpPrimeWalker(eng, sess, prompt_of(130, 1), 1, prime_split=20, ckpt_at=8)
     assert w.tape()[:3] == [("mtp-trunk", 8), ("mtp-trunk", 12), ("mtp-trunk", 110)]
 
 
@@ -394,13 +386,11 @@ def _check_capture(got, want):
 def test_boundary_capture_matches_oracle(eng, tp, b, kw):
     prompt = prompt_of(tp, b)
     sess = eng.new_session(tp + 8)
-    sess.capture_at = b
-    run_prime(eng, sess, prompt, 2, **kw)
+    run_prime(eng, sess, prompt, 2, capture_at=b, **kw)
     want = oracle_capture(eng, prompt, b)
     assert len(sess.boundary_captures) == 1
     _check_capture(sess.boundary_captures[0], want)
     assert capture_digest(sess.boundary_captures) == capture_digest([want])
-    assert sess.capture_at is None  # consumed
     # no checkpoint asked for: the turn checkpoint is at the end of the prompt
     end = oracle_capture(eng, prompt, tp)
     assert sess.turn_ckpt.pos == tp
@@ -412,15 +402,14 @@ def test_checkpoint_and_capture_at_different_rows(eng):
     tp, b1, b2 = 220, 64, 160
     prompt = prompt_of(tp, 11)
     sess = eng.new_session(tp + 8)
-    sess.capture_at, sess.ckpt_at = b1, b2
-    run = run_prime(eng, sess, prompt, 3, prime_split=b1, chunk_rows=50)
+    run = run_prime(eng, sess, prompt, 3, prime_split=b1, chunk_rows=50, capture_at=b1, ckpt_at=b2)
     assert [r for ph, r in run.tape if ph == "mtp-trunk"] == [50, 14, 50, 46, 50, 10]
     w1, w2 = oracle_capture(eng, prompt, b1), oracle_capture(eng, prompt, b2)
     # at base 0 the checkpoint row is a capture point too
     assert [c.pos for c in sess.boundary_captures] == [b1, b2]
     _check_capture(sess.boundary_captures[0], w1)
     _check_capture(sess.boundary_captures[1], w2)
-    assert sess.turn_ckpt.pos == b2 and sess.ckpt_at is None
+    assert sess.turn_ckpt.pos == b2
     assert sess.turn_ckpt.snap.digest() == w2.snap.digest()
     assert same_bits(sess.turn_ckpt.last_h, w2.last_h)
 
@@ -429,8 +418,7 @@ def test_checkpoint_alone_and_capture_at_prompt_end(eng):
     tp = 140
     prompt = prompt_of(tp, 12)
     sess = eng.new_session(tp + 8)
-    sess.ckpt_at = 70  # no split: the checkpoint alone segments the prime
-    run = run_prime(eng, sess, prompt, 1)
+    run = run_prime(eng, sess, prompt, 1, ckpt_at=70)  # no split: the checkpoint alone segments the prime
     assert run.tape[:2] == [("mtp-trunk", 70), ("mtp-trunk", 70)]
     want = oracle_capture(eng, prompt, 70)
     assert len(sess.boundary_captures) == 1
@@ -438,8 +426,7 @@ def test_checkpoint_alone_and_capture_at_prompt_end(eng):
     assert sess.turn_ckpt.pos == 70 and sess.turn_ckpt.snap.digest() == want.snap.digest()
 
     sess = eng.new_session(tp + 8)
-    sess.capture_at = tp
-    run_prime(eng, sess, prompt, 1)
+    run_prime(eng, sess, prompt, 1, capture_at=tp)
     want = oracle_capture(eng, prompt, tp)
     assert len(sess.boundary_captures) == 1
     _check_capture(sess.boundary_captures[0], want)

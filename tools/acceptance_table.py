@@ -5,7 +5,7 @@
 
 One row per (K, sampling) over the cells of one variant (default: the unyielded oracle cells):
 mean acceptance length and per-position acceptance pooled over the prompts by drafts
-(``harness.receipts.acceptance_by_k``, as the plots and notebooks count them), speculative and
+(``harness.matrix.receipts.acceptance_by_k``, as the plots and notebooks count them), speculative and
 plain decode tokens/s as the median over the prompts (the first cell of a process also pays for
 compilation, and every session for its first captured steps).
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.receipts import acceptance_by_k  # noqa: E402
+from harness.matrix.receipts import acceptance_by_k  # noqa: E402
 
 
 def table(receipt: dict, variant: str = "unyielded") -> str:

@@ -20,8 +20,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from harness.atomic import write_text_atomic  # noqa: E402
-from harness.model import Engine  # noqa: E402
-from harness.weights import load_checkpoint  # noqa: E402
+from harness.engine.model import Engine  # noqa: E402
+from harness.engine.weights import load_checkpoint  # noqa: E402
 from numba_kernels.reference import RefModel  # noqa: E402
 
 WIN = 1024

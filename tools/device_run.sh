@@ -25,9 +25,9 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   if ! python - > "$res/graph-smoke.txt" 2>&1 <<'PY'
 import time
 import numpy as np
-from harness.model import Engine
+from harness.engine.model import Engine
 from harness.models import default_model_path
-from harness.weights import load_checkpoint
+from harness.engine.weights import load_checkpoint
 ck = load_checkpoint(default_model_path())
 ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
 assert eg.graphs, "the cuda engine has no captured steps"

@@ -12,10 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from harness.config import ModelConfig  # noqa: E402
+from harness.engine.config import ModelConfig  # noqa: E402
+from harness.engine.weights import save_checkpoint  # noqa: E402
 from harness.synth import random_tensors  # noqa: E402
 from harness.tokenizer import VOCAB_SIZE  # noqa: E402
-from harness.weights import save_checkpoint  # noqa: E402
 
 SEED = 20261129
 

@@ -18,7 +18,7 @@ the trunk's (shared, as in vLLM).
 MTP rows. The MTP row at position ``p`` pairs the token at ``p`` with the trunk's final normed
 hidden state at ``p - 1`` and predicts the token at ``p + 1``; RoPE uses the row's position ``p``.
 Row 0 pairs the first token with zeros, exactly as the engine does at the start of a session
-(``harness.walker``; ``RefModel.mtp_rows(ids, [0, h_0 .. h_{T-2}], state, start=0)``). In
+(``harness.walk.mtp_walker``; ``RefModel.mtp_rows(ids, [0, h_0 .. h_{T-2}], state, start=0)``). In
 training, a window ``x_0 .. x_{T-1}`` gives MTP rows ``p = 0 .. T-2``; row 0 is in the head's
 attention context (as in the engine) but **not in the loss** -- rows ``1 .. T-2`` are trained to
 predict ``x_2 .. x_{T-1}``, i.e. byte ``t + 2`` from the trunk's hidden at ``t`` and the embedding
@@ -45,7 +45,7 @@ deadline (script start + ``--minutes``), then the script evaluates and exports (
 Rerun with ``--steps N`` (N from train_log.json) to repeat a run's schedule exactly.
 
 Outputs under ``--out``: ``config.json`` + ``model.safetensors`` (float32, HF layout plus
-``mtp.*``, via ``harness.weights.save_checkpoint``), ``README.md`` (model card),
+``mtp.*``, via ``harness.engine.weights.save_checkpoint``), ``README.md`` (model card),
 ``train_log.json``, ``loss.png``, ``heldout_eval.bin`` (raw bytes: ``sample_windows`` windows of
 ``seq_len`` bytes, each from its own held-out file, starting at the first line start after a third
 of the file), ``prompts/heldout{0..3}.py`` (held-out excerpts for acceptance receipts: whole
@@ -90,7 +90,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from harness.config import ModelConfig  # noqa: E402
+from harness.engine.config import ModelConfig  # noqa: E402
 from harness.tokenizer import EOS, VOCAB_SIZE  # noqa: E402
 
 LIN, FULL = "linear_attention", "full_attention"
@@ -670,7 +670,7 @@ def ref_check(folder: str, sample: np.ndarray, torch64: dict, chain_stride: int 
     """Our float64 reference over the exported checkpoint on the sample windows, against the torch
     float64 logits (trunk, MTP rows and, when ``torch64`` has ``mtp_chain``, the chained depths
     at every ``chain_stride``-th base) and per-window bits/byte."""
-    from harness.weights import load_checkpoint
+    from harness.engine.weights import load_checkpoint
     from numba_kernels.reference import RefModel
 
     ck = load_checkpoint(folder)
@@ -1078,7 +1078,7 @@ def main(argv=None) -> dict:
     model = TinyModel(d).to(dev)
     model.train()
     mcfg = model_config(d)
-    from harness.weights import mtp_shapes, trunk_shapes
+    from harness.engine.weights import mtp_shapes, trunk_shapes
 
     n_trunk, n_mtp = count(trunk_shapes(mcfg)), count(mtp_shapes(mcfg))
     n_model = sum(p.numel() for p in model.parameters())
@@ -1220,7 +1220,7 @@ def main(argv=None) -> dict:
         + (" (stopped at the time limit)" if stopped_by_time else ""))
 
     # ---- export ---------------------------------------------------------------------------
-    from harness.weights import load_checkpoint, save_checkpoint
+    from harness.engine.weights import load_checkpoint, save_checkpoint
 
     model.eval()
     if dev.type == "cuda":

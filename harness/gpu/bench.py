@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import tempfile
 import time
 
 import numpy as np
 
-from .atomic import write_text_atomic
-from .errors import PrimewalkError
+from ..atomic import write_text_atomic
+from ..errors import PrimewalkError
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -184,9 +183,9 @@ def _fill_random_context(engine, sess, n, rng):
 
 
 def ours(ck, ids4096, ids512, timer, quick):
-    from .model import Engine
-    from .spec import continue_plain, continue_spec
-    from .walker import run_prime
+    from ..engine.model import Engine
+    from ..walk.mtp_walker import run_prime
+    from ..walk.speculative import continue_plain, continue_spec
 
     from numba import cuda
 
@@ -298,9 +297,9 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         import torch
     except ImportError:
         raise PrimewalkError("harness bench needs torch and transformers (pip install '.[oracle]')") from None
-    from . import backend as bk
-    from .synth import random_tensors
-    from .weights import load_checkpoint
+    from ..engine import backend as bk
+    from ..engine.weights import load_checkpoint
+    from ..synth import random_tensors
 
     gpu = bk.get_backend("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -396,18 +395,3 @@ def table(r) -> str:
         top = ", ".join(f"{k} {v['s'] * 1e3:.2f} ms/{v['calls']}" for k, v in list(p["ops"].items())[:6])
         out.append(f"profile {step} ({p['total_s'] * 1e3:.1f} ms with syncs): {top}")
     return "\n".join(out)
-
-
-def cmd_bench(args) -> int:
-    r = run_bench(args.out, commit=args.commit, quick=args.quick)
-    print(table(r))
-    print(f"wrote {args.out}")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("bench", help="bench-8l on CUDA vs transformers and hardware anchors (needs a GPU, torch)")
-    p.add_argument("--out", default="receipts/bench/h200-bench.json")
-    p.add_argument("--commit", default=os.environ.get("PRIMEWALK_COMMIT"))
-    p.add_argument("--quick", action="store_true", help="smaller 'long' context (4096) for a fast run")
-    p.set_defaults(func=cmd_bench)

@@ -1,6 +1,6 @@
 """Speculative decoding with the MTP head, and plain decoding to compare it with.
 
-After a prime (:class:`~harness.walker.PreparedPrime`) the trunk has processed the prompt and
+After a prime (:class:`~harness.walk.mtp_walker.PreparedPrime`) the trunk has processed the prompt and
 the boundary token ``x_T``; the next token ``x_{T+1}`` is picked from the boundary's logits. Each
 round then:
 
@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
+from .mtp_walker import run_prime
 from .sampling import Sampling, counter_uniform, draw, pick, probs
 
 STREAM_ACCEPT, STREAM_RESAMPLE = 1, 2
@@ -87,7 +89,6 @@ def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling:
     """Speculative continuation after a prime: returns ``max_new_tokens`` tokens starting with the
     boundary token."""
     s = sampling or prepared.sampling
-    B = engine.B
     t0 = time.perf_counter()
     c = sess.cache
     out = [prepared.boundary]
@@ -112,17 +113,15 @@ def continue_spec(engine, sess, prepared, max_new_tokens: int, k: int, sampling:
         drafted.append(kk)
         out.extend(drafts[:j])
         fill_tokens = drafts[:j] + [bonus]
-        fill_h = B.download(hidden)[: j + 1]
+        fill_h = engine.host(hidden)[: j + 1]
         pending = bonus
-    B.synchronize()
+    engine.B.synchronize()
     res = GenResult(out[:max_new_tokens], acceptance_metrics(k, rounds, drafted), time.perf_counter() - t0)
     sess.committed.extend(res.tokens)
     return res
 
 
 def engine_capacity_error(cache):
-    from .errors import InputError
-
     return InputError(f"generation reached the cache capacity ({cache.max_ctx} positions)")
 
 
@@ -151,8 +150,6 @@ def generate(engine, prompt, max_new_tokens: int, k: int, sampling: Sampling = N
              max_ctx=None, **walker_kw):
     """Prime ``prompt`` with the walker on a new session, then continue (speculatively with
     K drafts, or plainly). Returns (GenResult, PrimeRun)."""
-    from .walker import run_prime
-
     s = sampling or Sampling()
     sess = engine.new_session(max_ctx or (len(prompt) + max_new_tokens + k + 8))
     run = run_prime(engine, sess, prompt, k, sampling=s, **walker_kw)

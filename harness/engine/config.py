@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
@@ -155,7 +155,7 @@ class ModelConfig:
         return d
 
     def save(self, path: str) -> None:
-        from .atomic import write_text_atomic
+        from ..atomic import write_text_atomic
 
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 

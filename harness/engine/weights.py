@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import CheckpointError, ConfigError
 from .config import FULL, LINEAR, ModelConfig
-from .errors import CheckpointError, ConfigError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16"}
 _SIZES = {"F32": 4, "F16": 2, "F64": 8, "BF16": 2}
@@ -349,7 +349,7 @@ def save_checkpoint(folder: str, cfg: ModelConfig, tensors: dict, max_shard_byte
     """Write config.json and safetensors (sharded with an index when ``max_shard_bytes`` is set)."""
     from safetensors.numpy import save
 
-    from .atomic import write_bytes_atomic, write_text_atomic
+    from ..atomic import write_bytes_atomic, write_text_atomic
 
     check_tensors(cfg, tensors, folder)
     os.makedirs(folder, exist_ok=True)

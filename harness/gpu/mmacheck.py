@@ -26,9 +26,9 @@ import zipfile
 
 import numpy as np
 
-from .errors import InputError, PrimewalkError
+from ..errors import InputError, PrimewalkError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..matrix.builtin import REPO as ROOT  # the checkout primewalk is installed from
 COMMITTED = os.path.join("receipts", "mma")
 
 

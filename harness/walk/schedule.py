@@ -14,6 +14,9 @@ from dataclasses import dataclass
 #: The fewest rows a segment needs to be primed batched; shorter segments run token by token.
 PRIME_MIN_T = 32
 
+#: The seed's ``gdn_chunk_size``: default boundaries and fractional points round down to it.
+GDN_GRID = 64
+
 #: ``ranges(n)`` cuts a batched segment of ``n`` rows into segment-local ``(start, end)`` pairs.
 Ranges = Callable[[int], Iterable[tuple[int, int]]]
 

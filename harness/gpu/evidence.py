@@ -147,7 +147,7 @@ def _short(x, n=10):
 
 
 def main(args) -> int:
-    from .matrix import REPO  # the repository root of this checkout
+    from ..matrix.builtin import REPO  # the repository root of this checkout
 
     root = getattr(args, "root", None) or REPO
     rows = check_evidence(root)

@@ -14,14 +14,14 @@ The receipt (device, driver, commit, per-op and per-schedule verdicts) is writte
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import time
 
 import numpy as np
 
-from .atomic import write_text_atomic
-from .matrix import ulp_distance
+from ..atomic import write_text_atomic
+from ..engine.digests import continuation_digest, logits_digest
+from ..matrix.runner import ulp_distance
 
 F32 = np.float32
 
@@ -109,7 +109,7 @@ def op_cases(rng, full: bool = True):
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
              np.zeros((R, H), F32), R), [5])
-    # the device-side position of captured steps (Engine._step): start read from an int32 [1]
+    # the device-side position of captured steps (harness.engine.graphs): start read from an int32 [1]
     # device array; the CPU twin takes the same start as a scalar
     for hq, hkv, D, start, R in (att[1:3] if full else att[3:]):
         ctx = start + R
@@ -164,7 +164,7 @@ def run_op_case(cpu_ops, cuda_ops, cuda, op, args, outs):
 
 
 def larger_config():
-    from .config import ModelConfig
+    from ..engine.config import ModelConfig
 
     return ModelConfig.from_dict(dict(
         vocab_size=1024, hidden_size=512, num_hidden_layers=4,
@@ -198,11 +198,11 @@ def schedule_runs(engine, ids, tokenwise_only=False):
 
 
 def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0) -> dict:
-    from . import backend as bk
-    from .model import Engine
-    from .synth import random_tensors
-    from .weights import Checkpoint, load_checkpoint
-    from .models import default_model_path
+    from ..engine import backend as bk
+    from ..engine.model import Engine
+    from ..engine.weights import Checkpoint, load_checkpoint
+    from ..models import default_model_path
+    from ..synth import random_tensors
 
     cpu_b = bk.get_backend("cpu")
     gpu_b = bk.get_backend("cuda")
@@ -259,23 +259,14 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     return receipt
 
 
-def main(args) -> int:
-    r = device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed)
-    s = r["summary"]
-    ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
-    print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
-          f"{s['schedules_bitwise']}/{s['schedules']} schedules bitwise; receipt {args.out}")
-    return 0 if ok else 1
-
-
 # ------------------------------------------------------------------------------------------------
 # walker, check and speculative decoding on both backends
 # ------------------------------------------------------------------------------------------------
 def walker_runs(engine, lengths, ks, seed=0):
     """The prime-walker check, and greedy speculative vs plain generation, on one backend.
     Returns {case id: {digests, verdicts}}."""
-    from .spec import generate
-    from .walker import check_mtp_prime_walker, logits_digest
+    from ..walk.check import check_mtp_prime_walker
+    from ..walk.speculative import generate
 
     out = {}
     for T in lengths:
@@ -290,16 +281,16 @@ def walker_runs(engine, lengths, ks, seed=0):
             spec, run = generate(engine, prompt[:200], 24, k)
             out[f"spec/p{min(T, 200)}/k{k}"] = {
                 "ok": spec.tokens == plain.tokens, "logits": logits_digest(run.prepared.logits),
-                "continuation": hashlib.sha256(np.array(spec.tokens, "<i8").tobytes()).hexdigest(),
+                "continuation": continuation_digest(spec.tokens),
                 "mean_acceptance_length": spec.metrics["mean_acceptance_length"]}
     return out
 
 
 def device_walker(out_path, commit=None, lengths=(130, 257, 1000, 2061), ks=(1, 2, 3, 4)):
-    from . import backend as bk
-    from .model import Engine
-    from .models import default_model_path
-    from .weights import load_checkpoint
+    from ..engine import backend as bk
+    from ..engine.model import Engine
+    from ..engine.weights import load_checkpoint
+    from ..models import default_model_path
 
     ck = load_checkpoint(default_model_path())
     res, walls = {}, {}
@@ -325,12 +316,3 @@ def device_walker(out_path, commit=None, lengths=(130, 257, 1000, 2061), ks=(1, 
                            "digests_equal": all(c["digests_equal"] for c in cases)}}
     write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")
     return receipt
-
-
-def main_walker(args) -> int:
-    r = device_walker(args.out, commit=args.commit)
-    s = r["summary"]
-    ok = s["all_pass"] and s["digests_equal"]
-    print(f"device-walker {'PASS' if ok else 'FAIL'}: {s['cases']} cases, all pass {s['all_pass']}, "
-          f"CPU/CUDA digests equal {s['digests_equal']}; receipt {args.out}")
-    return 0 if ok else 1

@@ -2,11 +2,11 @@
 
 Phases (seed ``MtpPrimeWalker``):
 
-1. ``mtp-trunk`` chunks, as :func:`~harness.schedule.trunk_schedule` plans them: batched chunks
-   through ``Engine.prime_chunk``; token-by-token segments through decode steps (or target steps
-   when the prime is unsegmented). The prompt's hidden rows are collected. At the end of a
-   segment that is a capture point (``sess.capture_at``) a :class:`BoundaryCapture` is pushed
-   (snapshot, position, logits, last hidden row); at the checkpoint (``sess.ckpt_at``) the turn
+1. ``mtp-trunk`` chunks, as :func:`~harness.walk.schedule.trunk_schedule` plans them: batched
+   chunks through ``Engine.prime_chunk``; token-by-token segments through decode steps (or
+   target steps when the prime is unsegmented). The prompt's hidden rows are collected. At the
+   end of a segment that is a capture point (``capture_at``) a :class:`BoundaryCapture` is
+   pushed (snapshot, position, logits, last hidden row); at the checkpoint (``ckpt_at``) the turn
    checkpoint is taken (or at the end of the prompt when there is none).
 2. Setup, right after the last trunk chunk: the boundary token (greedy, or drawn with the counter
    RNG), one target step on it, the draft state.
@@ -15,31 +15,29 @@ Phases (seed ``MtpPrimeWalker``):
    session's last hidden row from before the prime, or zeros).
 
 A prompt of at most ``fill_chunk`` rows is *short*: trunk, setup and fill run in one advance.
-Positions in ``sess.capture_at`` / ``sess.ckpt_at`` are absolute (cache positions); both are
-consumed by the walker that starts.
+``capture_at`` / ``ckpt_at`` are absolute positions (cache positions), arguments of the walker
+(and of :func:`run_prime`); the captures and the checkpoint land on the session.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError
-from .prime_walker import GuardedWalker, PrimeChunk, PrimeError, advance_prime, finish_prime
+from ..errors import InputError
+from .protocol import GuardedWalker, PrimeChunk, PrimeError, advance_prime, finish_prime
 from .sampling import Sampling, pick
 from .schedule import PRIME_MIN_T, chunk_ranges, trunk_schedule
 
-GDN_GRID = 64
 DEFAULT_CHUNK_ROWS = 256
 DEFAULT_FILL_CHUNK = 64
 
 
 @dataclass
 class BoundaryCapture:
-    snap: object  # harness.model.Snapshot
+    snap: object  # harness.engine.cache.Snapshot
     pos: int
     logits: np.ndarray  # [V] float32: logits of the row before pos
     last_h: np.ndarray  # [H] float32: hidden row of position pos - 1
@@ -66,28 +64,17 @@ class PreparedPrime:
     wall_s: float = 0.0
 
 
-def logits_digest(logits) -> str:
-    a = np.ascontiguousarray(np.asarray(logits, dtype=np.float32), dtype="<f4")
-    return hashlib.sha256(b"primewalk-logits/1\0" + np.array(a.shape, "<i8").tobytes() + a.tobytes()).hexdigest()
-
-
-def capture_digest(captures) -> str:
-    """SHA-256 over each capture's position, logits bits, last hidden bits and state digest."""
-    h = hashlib.sha256(b"primewalk-captures/1\0")
-    h.update(np.array([len(captures)], "<i8").tobytes())
-    for c in captures:
-        h.update(np.array([c.pos], "<i8").tobytes())
-        h.update(np.ascontiguousarray(c.logits, "<f4").tobytes())
-        h.update(np.ascontiguousarray(c.last_h, "<f4").tobytes())
-        h.update(c.snap.digest().encode())
-    return h.hexdigest()
-
-
 class MtpPrimeWalker(GuardedWalker):
-    """The resumable MTP prime of ``prompt`` into ``sess`` (see the module docstring)."""
+    """The resumable MTP prime of ``prompt`` into ``sess`` (see the module docstring).
+
+    ``prime_split``: the prompt row the trunk is split at; ``capture_at`` / ``ckpt_at``: the
+    absolute positions of a boundary capture and of the turn checkpoint (None: no capture; the
+    checkpoint at the end of the prompt). Nothing runs, and the session is untouched, until the
+    first :meth:`advance_chunk`; a refused walker leaves the session as it was."""
 
     def __init__(self, engine, sess, prompt, k, sampling=None, prime_split=None,
-                 chunk_rows=DEFAULT_CHUNK_ROWS, fill_chunk=DEFAULT_FILL_CHUNK, tokenwise=False):
+                 chunk_rows=DEFAULT_CHUNK_ROWS, fill_chunk=DEFAULT_FILL_CHUNK, tokenwise=False,
+                 capture_at=None, ckpt_at=None):
         super().__init__()
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -104,22 +91,19 @@ class MtpPrimeWalker(GuardedWalker):
             raise InputError(f"MTP prime of {tp} tokens (+1 boundary token) at position {base} exceeds "
                              f"the cache capacity {c.max_ctx}")
         split = prime_split if prime_split is not None and 0 < prime_split < tp else None
-        ckpt = sess.ckpt_at - base if sess.ckpt_at is not None else None
+        ckpt = ckpt_at - base if ckpt_at is not None else None
         ckpt = ckpt if ckpt is not None and 0 < ckpt < tp else None
         first = min([b for b in (split, ckpt) if b is not None], default=None)
         if split is not None and first == split and split < PRIME_MIN_T:
             raise InputError(f"MTP prime split {split} is below PRIME_MIN_T ({PRIME_MIN_T})")
-        sess.ckpt_at = None  # consumed only once every check has passed
         self.engine, self.sess, self.prompt, self.k = engine, sess, prompt, k
         self.sampling = sampling or Sampling()
         self.base, self.split, self.ckpt_rel = base, split, ckpt
         self.chunks = trunk_schedule(tp, split, ckpt, tokenwise, lambda n: chunk_ranges(n, chunk_rows))
         self.fill_chunk = tp if not fill_chunk or fill_chunk <= 0 else int(fill_chunk)
         self.short = tp <= self.fill_chunk
-        cap = sess.capture_at
-        self.capture_rel = cap - base if cap is not None else None
-        sess.capture_at = None
-        self.prev_h = None if sess.last_h is None else np.asarray(engine.B.download(sess.last_h), np.float32).reshape(-1)
+        self.capture_rel = capture_at - base if capture_at is not None else None
+        self.prev_h = None if sess.last_h is None else np.asarray(engine.host(sess.last_h), np.float32).reshape(-1)
         self.hiddens = np.zeros((tp, engine.cfg.hidden_size), np.float32)
         self.cursor = 0
         self.fill_cursor = 0
@@ -182,10 +166,10 @@ class MtpPrimeWalker(GuardedWalker):
 
     # ---- phases ------------------------------------------------------------------------------
     def _trunk(self, ch) -> None:
-        eng, sess, B = self.engine, self.sess, self.engine.B
+        eng, sess = self.engine, self.sess
         if ch.batched:
             logits, h = eng.prime_chunk(sess, self.prompt[ch.start:ch.end])
-            self.hiddens[ch.start:ch.end] = B.download(h)
+            self.hiddens[ch.start:ch.end] = eng.host(h)
             self.logits = logits
         else:
             step = eng.target_step if ch.target_step else None
@@ -195,7 +179,7 @@ class MtpPrimeWalker(GuardedWalker):
                     lg = lg[0]
                 else:
                     lg, h = eng.decode_step(sess, self.prompt[i])
-                self.hiddens[i] = B.download(h)[0]
+                self.hiddens[i] = eng.host(h)[0]
                 self.logits = lg
         end, tp = ch.end, len(self.prompt)
         if ch.end == ch.segment_end and end < tp:
@@ -218,7 +202,7 @@ class MtpPrimeWalker(GuardedWalker):
             sess.turn_ckpt = TurnCheckpoint(sess.cache.snapshot(), self.base + tp, self.hiddens[tp - 1].copy())
         boundary = pick(self.logits, self.sampling, sess.session_id, self.base + tp)
         init_logits, init_h = eng.target_step(sess, [boundary])
-        init_h = np.array(eng.B.download(init_h), np.float32)
+        init_h = np.array(eng.host(init_h), np.float32)
         self.prepared = PreparedPrime(list(self.prompt), self.base, np.array(self.logits, np.float32), boundary,
                                       init_logits[0], init_h, self.hiddens, self.k, self.sampling)
 
@@ -253,8 +237,9 @@ class PrimeRun:
 
 
 def run_prime(engine, sess, prompt, k, *, sampling=None, yield_hook=None, **walker_kw) -> PrimeRun:
-    """Prime ``prompt`` with the walker. With ``yield_hook``, advance one chunk at a time and call
-    the hook between chunks (a yield); otherwise drain in one call."""
+    """Prime ``prompt`` with the walker (``walker_kw``: :class:`MtpPrimeWalker`'s schedule
+    arguments, ``prime_split`` … ``capture_at``, ``ckpt_at``). With ``yield_hook``, advance one
+    chunk at a time and call the hook between chunks (a yield); otherwise drain in one call."""
     t0 = time.perf_counter()
     w = MtpPrimeWalker(engine, sess, prompt, k, sampling=sampling, **walker_kw)
     run = PrimeRun(None)
@@ -275,78 +260,3 @@ def run_prime(engine, sess, prompt, k, *, sampling=None, yield_hook=None, **walk
     run.prepared = finish_prime(w)
     run.wall_s = time.perf_counter() - t0
     return run
-
-
-class Peer:
-    """Another session on the same engine and workspace that decodes one token per :meth:`step`."""
-
-    def __init__(self, engine, prompt_len=GDN_GRID, seed=1234, max_ctx=1024):
-        self.engine, self.max_ctx = engine, max_ctx
-        self.prompt = list(np.random.default_rng(seed).integers(0, engine.cfg.vocab_size, prompt_len))
-        self._reset()
-
-    def _reset(self):
-        self.sess = self.engine.new_session(self.max_ctx, session_id=-1)
-        logits, _ = self.engine.prime_chunk(self.sess, self.prompt)
-        self.token = int(np.argmax(logits))
-
-    def step(self):
-        if self.sess.cache.pos + 1 >= self.sess.cache.max_ctx:
-            self._reset()
-        logits, _ = self.engine.decode_step(self.sess, self.token)
-        self.token = int(np.argmax(logits))
-
-
-def oracle_prime(engine, prompt, k, boundary_points=(), sampling=None):
-    """Unyielded prime of the segments between ``boundary_points`` (one batched prime per
-    segment on a fresh session), with a capture at each point. Returns (logits of the last
-    prompt row [V], capture digest)."""
-    prompt = [int(t) for t in prompt]
-    sess = engine.new_session(len(prompt) + k + 128)
-    caps, lo, logits, hid = [], 0, None, None
-    for hi in sorted(set(int(b) for b in boundary_points if 0 < b < len(prompt))) + [len(prompt)]:
-        logits, hid = engine.prime_chunk(sess, prompt[lo:hi])
-        if hi < len(prompt):
-            caps.append(BoundaryCapture(sess.cache.snapshot(), hi, np.array(logits, np.float32),
-                                        engine.B.download(hid)[hi - lo - 1].copy()))
-        lo = hi
-    return logits, capture_digest(caps)
-
-
-def check_mtp_prime_walker(engine, prompt, k, boundary=None, chunk_rows=DEFAULT_CHUNK_ROWS,
-                           fill_chunk=DEFAULT_FILL_CHUNK, sampling=None):
-    """The seed's check: a yielded walker prime (split and checkpoint at the boundary, a peer
-    session decoding between chunks) must equal the unyielded prime of the two segments —
-    logits bit for bit, capture digests equal — and must have yielded.
-
-    Returns a dict with ``ok``, ``yields``, digests and what differed. Raises InputError for a
-    boundary that leaves a segment shorter than PRIME_MIN_T."""
-    prompt = [int(t) for t in prompt]
-    tp = len(prompt)
-    if boundary is None:
-        boundary = (tp // 2 // GDN_GRID) * GDN_GRID
-    if boundary < PRIME_MIN_T or tp - boundary < PRIME_MIN_T:
-        raise InputError(f"the prime walker check needs two segments of at least PRIME_MIN_T = {PRIME_MIN_T} "
-                         f"rows; boundary {boundary} of a {tp}-token prompt leaves "
-                         f"{min(boundary, tp - boundary)}")
-    expected, expected_cap = oracle_prime(engine, prompt, k, [boundary], sampling)
-    sess = engine.new_session(tp + k + 128)
-    sess.capture_at = boundary
-    sess.ckpt_at = boundary
-    peer = Peer(engine)
-    run = run_prime(engine, sess, prompt, k, sampling=sampling, yield_hook=peer.step, prime_split=boundary,
-                    chunk_rows=chunk_rows, fill_chunk=fill_chunk)
-    got = run.prepared.logits
-    actual_cap = capture_digest(sess.boundary_captures)
-    same_logits = got.shape == expected.shape and np.array_equal(got.view(np.uint32), expected.view(np.uint32))
-    problems = []
-    if not same_logits:
-        problems.append("resumed MTP prime logits differ from the unyielded trunk")
-    if actual_cap != expected_cap:
-        problems.append(f"capture digest {actual_cap[:16]} != expected {expected_cap[:16]}")
-    if run.yields == 0:
-        problems.append("the walker never yielded")
-    return {"ok": not problems, "problems": problems, "rows": tp, "boundary": boundary, "k": k,
-            "yields": run.yields, "tape": run.tape, "logits_digest": logits_digest(expected),
-            "capture_digest": actual_cap, "expected_capture_digest": expected_cap,
-            "prepared": run.prepared, "session": sess}

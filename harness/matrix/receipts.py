@@ -43,8 +43,8 @@ import platform
 import subprocess
 from importlib import metadata
 
-from .atomic import write_text_atomic
-from .errors import PrimewalkError
+from ..atomic import write_text_atomic
+from ..errors import PrimewalkError
 
 SCHEMA_VERSION = 1
 KIND = "matrix"
@@ -277,7 +277,7 @@ def validate(receipt, where: str = "receipt") -> None:
         raise PrimewalkError(f"{where}: 'spec' must be a JSON object")
     if receipt["spec_hash"] != spec_hash(receipt["spec"]):
         raise PrimewalkError(f"{where}: spec_hash does not match its spec (the spec was changed "
-                             "after the run, or the hash was not made by harness.receipts.spec_hash)")
+                             "after the run, or the hash was not made by harness.matrix.receipts.spec_hash)")
     shard = receipt["shard"]
     if not (isinstance(shard, dict) and isinstance(shard.get("index"), int)
             and isinstance(shard.get("count"), int) and 0 <= shard["index"] < shard["count"]):

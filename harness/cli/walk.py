@@ -7,21 +7,23 @@ import sys
 
 import numpy as np
 
-from .errors import PrimewalkError
+from .. import tokenizer
+from ..engine.model import Engine
+from ..errors import PrimewalkError
+from ..walk.check import check_mtp_prime_walker
+from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
+from ..walk.sampling import Sampling
+from ..walk.speculative import generate
+from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
 
 
 def _engine(args):
-    from .cli import load_model
-    from .model import Engine
-
     ck = load_model(args.model)
     ck.require_mtp(f"harness {args.command}")
     return Engine(ck, args.backend)
 
 
 def cmd_check(args) -> int:
-    from .walker import check_mtp_prime_walker
-
     if args.prompt_len < 1:
         raise PrimewalkError(f"--prompt-len must be positive, got {args.prompt_len}")
     if args.k < 1:
@@ -41,11 +43,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from . import tokenizer
-    from .cli import prompt_ids
-    from .sampling import Sampling
-    from .spec import generate
-
     if args.max_new_tokens < 1:
         raise PrimewalkError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.k < 1:
@@ -72,13 +69,10 @@ def cmd_generate(args) -> int:
 
 
 def register(sub) -> None:
-    from .cli import _backend_arg, _model_arg
-    from .walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
-
     p = sub.add_parser("check", help="the prime-walker check: yielded walker prime vs unyielded oracle, bitwise",
                        epilog="examples:\n  harness check --prompt-len 257\n  harness check --prompt-len 2061 --split 1024 --k 4",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_arg(p)
+    model_arg(p)
     p.add_argument("--prompt-len", type=int, required=True, help="synthetic prompt length")
     p.add_argument("--split", type=int, default=None,
                    help="boundary (default: half the prompt rounded down to the GDN grid of 64)")
@@ -86,21 +80,19 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="batched prime chunk rows")
     p.add_argument("--fill-chunk", type=int, default=DEFAULT_FILL_CHUNK, help="MTP fill chunk rows")
-    _backend_arg(p)
+    backend_arg(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("generate", help="speculative (MTP) generation with acceptance metrics",
                        epilog="examples:\n  harness generate --text 'def main(' --max-new-tokens 64 --k 3\n"
                               "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_arg(p)
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--text", help="prompt text (UTF-8 bytes)")
-    g.add_argument("--ids", help="comma-separated token ids")
+    model_arg(p)
+    prompt_args(p)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=2, help="draft length K")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (counter RNG)")
     p.add_argument("--plain", action="store_true", help="plain decoding (no drafts), for comparison")
-    _backend_arg(p)
+    backend_arg(p)
     p.set_defaults(func=cmd_generate)

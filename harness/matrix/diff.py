@@ -1,22 +1,22 @@
-"""Compare two receipts cell by cell (``harness diff``) and join shard receipts (``harness merge``).
+"""Compare two receipts cell by cell (``harness diff``; joining shards is
+:func:`~harness.matrix.receipts.merge_receipts`).
 
-Only the compared fields of :data:`harness.receipts.FIELD_ROLES` are compared. Two receipts are
-comparable when they share schema, spec hash and model weights; otherwise the diff is unusable
-(exit 2). ``--digests-only`` compares ``digests.*`` alone, which is what two devices must agree
-on. ``--timing-tolerance PCT`` also fails cells whose throughput in B fell more than PCT percent.
+Only the compared fields of :data:`harness.matrix.receipts.FIELD_ROLES` are compared. Two
+receipts are comparable when they share schema, spec hash and model weights; otherwise the diff
+is unusable (exit 2). ``--digests-only`` compares ``digests.*`` alone, which is what two devices
+must agree on. ``--timing-tolerance PCT`` also fails cells whose throughput in B fell more than
+PCT percent.
 
 Exit codes: 0 equal, 1 drift, 2 unusable input.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 
-from .errors import PrimewalkError
-from .receipts import compared_fields, merge_receipts, read_receipt, write_receipt
+from ..errors import PrimewalkError
+from .receipts import compared_fields, read_receipt
 
 # Throughputs checked by --timing-tolerance (higher is better).
 TIMED_FIELDS = ("prime_tokens_per_s", "decode_tokens_per_s", "spec_tokens_per_s")
@@ -158,78 +158,3 @@ def diff_receipts(a, b, digests_only: bool = False, timing_tolerance: float | No
                     if drop > timing_tolerance:
                         result.rows.append(DiffRow(cid, f"timings.{name}", va, vb, f"-{drop:.1f}%"))
     return result
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-
-
-def _cmd_diff(args) -> int:
-    try:
-        result = diff_receipts(args.a, args.b, digests_only=args.digests_only,
-                               timing_tolerance=args.timing_tolerance)
-    except PrimewalkError as e:
-        print(f"harness diff: error: {e}", file=sys.stderr)
-        return 2
-    if result.unusable:
-        print(f"harness diff: error: {result.summary}", file=sys.stderr)
-        return 2
-    if result.rows:
-        print(result.table())
-    print(result.summary)
-    return result.exit_code
-
-
-def _cmd_merge(args) -> int:
-    try:
-        merged = merge_receipts(args.shards)
-        write_receipt(args.out, merged)
-    except PrimewalkError as e:
-        print(f"harness merge: error: {str(e).removeprefix('merge: ')}", file=sys.stderr)
-        return 2
-    print(f"merge: {len(args.shards)} shard(s), {len(merged['cells'])} cells -> {args.out}")
-    return 0
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text.rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"the tolerance must be >= 0, got {text!r}")
-    return value
-
-
-def register(subparsers) -> None:
-    """Add ``diff`` and ``merge`` to an argparse ``subparsers``; handlers return an exit code."""
-    p = subparsers.add_parser(
-        "diff", help="compare two receipts; exit 0 equal, 1 drift, 2 unusable",
-        description="Compare the compared fields (digests, verdicts, tapes, yields, continuations, "
-                    "acceptance counts) of two receipts of the same matrix spec, cell by cell.",
-        epilog="examples:\n"
-               "  harness diff receipts/golden/default.json out/default.json\n"
-               "  harness diff --digests-only receipts/golden/default.json \\\n"
-               "                              receipts/device/h200-default.json\n"
-               "  harness diff --timing-tolerance 10 out/before.json out/after.json\n"
-               "exit status: 0 equal, 1 drift, 2 unusable input",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", metavar="A", help="reference receipt (.json, or the .csv beside it)")
-    p.add_argument("b", metavar="B", help="receipt to check against A")
-    p.add_argument("--digests-only", action="store_true",
-                   help="compare only digests.* (receipts of two devices)")
-    p.add_argument("--timing-tolerance", type=_percent, metavar="PCT", default=None,
-                   help="also fail a cell whose prime/decode/spec tokens/s in B fell more than PCT%% below A")
-    p.set_defaults(func=_cmd_diff)
-
-    p = subparsers.add_parser(
-        "merge", help="join shard receipts of one run into one receipt",
-        description="Join the shard receipts of one matrix run; refuses receipts of another spec, "
-                    "model or schema, a missing or repeated shard, and duplicate cells.",
-        epilog="examples:\n"
-               "  harness merge out/default.json out/default.shard0.json out/default.shard1.json\n"
-               "  harness merge out/default.json out/default.shard*.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", metavar="OUT", help="merged receipt to write (a .csv is written beside it)")
-    p.add_argument("shards", metavar="SHARD", nargs="+", help="shard receipts")
-    p.set_defaults(func=_cmd_merge)

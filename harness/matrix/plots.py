@@ -16,7 +16,6 @@ identical bytes. A figure whose data the receipt lacks is skipped with a reason,
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import statistics
@@ -28,8 +27,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .atomic import write_bytes_atomic
-from .errors import PrimewalkError
+from ..atomic import write_bytes_atomic
+from ..errors import PrimewalkError
 from .receipts import acceptance_by_k, cell_order_key, read_receipt
 
 DPI = 150
@@ -393,28 +392,3 @@ def plot_receipt(path: str, quiet: bool = False) -> list[str]:
         for name, why in skipped:
             print(f"plot: skipped {name}: {why}", file=sys.stderr)
     return written
-
-
-def _cmd_plot(args) -> int:
-    try:
-        written = plot_receipt(args.receipt)
-    except PrimewalkError as e:
-        print(f"harness plot: error: {e}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(path)
-    return 0
-
-
-def register(subparsers) -> None:
-    """Add ``plot`` to an argparse ``subparsers``; its handler returns an exit code."""
-    p = subparsers.add_parser(
-        "plot", help="draw a receipt's figures as PNGs next to it",
-        description="Draw the verdict grid, acceptance and throughput figures of a receipt as "
-                    "<stem>.<figure>.png beside it; figures without data are skipped.",
-        epilog="examples:\n"
-               "  harness plot receipts/golden/default.json\n"
-               "  harness plot out/default.json && ls out/default.*.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("receipt", metavar="RECEIPT", help="receipt .json (or the .csv beside it)")
-    p.set_defaults(func=_cmd_plot)

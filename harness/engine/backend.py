@@ -12,7 +12,7 @@ import platform
 
 import numpy as np
 
-from .errors import PrimewalkError
+from ..errors import PrimewalkError
 
 BACKENDS = ("cpu", "cuda")
 

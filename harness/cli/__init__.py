@@ -1,0 +1,58 @@
+"""The ``harness`` command line: ``main`` and ``build_parser``; one module per command group.
+
+- :mod:`.matrix`: ``run-matrix``, ``diff``, ``merge``, ``plot`` (with :mod:`.progress`, the
+  console display of a run);
+- :mod:`.walk`: ``check``, ``generate``;
+- :mod:`.logits`: ``logits``;
+- :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``.
+
+Every user error (bad ids, unreadable checkpoints, invalid configs, unusable specs) exits 2 with
+one line on stderr; no traceback. Commands use the embedded tiny model unless ``--model`` is
+given, and the CPU backend unless ``--backend``/``PRIMEWALK_BACKEND`` says ``cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import PrimewalkError
+from . import gpu, logits, matrix, walk
+
+EPILOG = """examples:
+  harness run-matrix                          # default schedule matrix on the tiny model (CPU)
+  harness run-matrix --backend cuda --out receipts/device/h200-default.json
+  harness diff receipts/golden/default.json out/default.json
+  harness check --prompt-len 257 --k 3
+  harness generate --text "def main(" --max-new-tokens 64 --k 3
+  harness logits --ids 1,2,3 --backend reference --out logits.npy
+  harness device-check --out receipts/device/h200-device-check.json
+"""
+
+COMMAND_GROUPS = (matrix, walk, logits, gpu)  # each registers its subcommands, in this order
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="harness", description="primewalk: bitwise receipts for hybrid GDN + MTP models under every prefill schedule.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for group in COMMAND_GROUPS:
+        group.register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except PrimewalkError as e:
+        print(f"harness {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"harness {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,59 @@
+"""``harness device-check``, ``harness device-walker``, ``harness bench``: the GPU evidence
+(:mod:`harness.gpu`); each needs a CUDA GPU, ``bench`` also torch and transformers.
+``harness evidence`` (does the committed GPU evidence match this code?) and ``harness mma-check``
+(the CPU emulation of the tensor-core MMA against recorded hardware vectors) run anywhere."""
+
+from __future__ import annotations
+
+import os
+
+from ..gpu import bench, devicecheck, evidence, mmacheck
+
+
+def cmd_device_check(args) -> int:
+    r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed)
+    s = r["summary"]
+    ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
+    print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
+          f"{s['schedules_bitwise']}/{s['schedules']} schedules bitwise; receipt {args.out}")
+    return 0 if ok else 1
+
+
+def cmd_device_walker(args) -> int:
+    r = devicecheck.device_walker(args.out, commit=args.commit)
+    s = r["summary"]
+    ok = s["all_pass"] and s["digests_equal"]
+    print(f"device-walker {'PASS' if ok else 'FAIL'}: {s['cases']} cases, all pass {s['all_pass']}, "
+          f"CPU/CUDA digests equal {s['digests_equal']}; receipt {args.out}")
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    r = bench.run_bench(args.out, commit=args.commit, quick=args.quick)
+    print(bench.table(r))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def register(sub) -> None:
+    commit = os.environ.get("PRIMEWALK_COMMIT")
+    p = sub.add_parser("device-check", help="every kernel and schedule on CUDA vs the CPU twin, bitwise")
+    p.add_argument("--out", default="receipts/device/h200-device-check.json", help="receipt path")
+    p.add_argument("--commit", default=commit, help="commit the tree is at (recorded)")
+    p.add_argument("--quick", action="store_true", help="small shapes only")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_device_check)
+
+    p = sub.add_parser("device-walker", help="prime-walker check and speculative decoding on CUDA vs CPU, digests")
+    p.add_argument("--out", default="receipts/device/h200-walker.json", help="receipt path")
+    p.add_argument("--commit", default=commit, help="commit the tree is at (recorded)")
+    p.set_defaults(func=cmd_device_walker)
+
+    p = sub.add_parser("bench", help="bench-8l on CUDA vs transformers and hardware anchors (needs a GPU, torch)")
+    p.add_argument("--out", default="receipts/bench/h200-bench.json")
+    p.add_argument("--commit", default=commit)
+    p.add_argument("--quick", action="store_true", help="smaller 'long' context (4096) for a fast run")
+    p.set_defaults(func=cmd_bench)
+
+    evidence.register(sub)
+    mmacheck.register(sub)

@@ -1,0 +1,70 @@
+"""Every digest primewalk records, one definition each; everything else imports them.
+
+A digest is the SHA-256 of a tagged, fixed-order byte string: lengths and shapes as
+little-endian int64, float values as their little-endian float32 bits. Equal digests mean equal
+bits; the tags (``primewalk-cache/1`` …) version each layout.
+
+- :func:`cache_digest`: a session's state (a live :class:`~harness.engine.cache.Cache` or a
+  :class:`~harness.engine.cache.Snapshot`): positions, then every plane in the cache's order.
+- :func:`logits_digest`: a logits array (shape and bits).
+- :func:`capture_digest`: a list of boundary captures (position, logits, last hidden row, state).
+- :func:`continuation_digest`: generated token ids.
+- :func:`config_fingerprint`: a model config (which caches and snapshots belong together).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+
+def _f32_bytes(a) -> bytes:
+    """The little-endian float32 bits of a host (numpy) or device array, row-major."""
+    host = a.copy_to_host() if hasattr(a, "copy_to_host") else a
+    return np.ascontiguousarray(host, dtype="<f4").tobytes()
+
+
+def _i64_bytes(values) -> bytes:
+    return np.array(values, dtype="<i8").tobytes()
+
+
+def cache_digest(pos: int, mtp_len: int, planes) -> str:
+    """SHA-256 over the trunk and MTP lengths and, per ``(name, array)`` plane in the given
+    (fixed) order, its name, shape and float32 bits."""
+    h = hashlib.sha256(b"primewalk-cache/1\0")
+    h.update(_i64_bytes([pos, mtp_len]))
+    for name, a in planes:
+        h.update(name.encode() + b"\0" + _i64_bytes(a.shape))
+        h.update(_f32_bytes(a))
+    return h.hexdigest()
+
+
+def logits_digest(logits) -> str:
+    """SHA-256 over the shape and float32 bits of ``logits``."""
+    a = np.asarray(logits, dtype=np.float32)
+    return hashlib.sha256(b"primewalk-logits/1\0" + _i64_bytes(a.shape) + _f32_bytes(a)).hexdigest()
+
+
+def capture_digest(captures) -> str:
+    """SHA-256 over each capture's position, logits bits, last hidden bits and state digest
+    (captures: ``pos``, ``logits``, ``last_h``, ``snap`` with ``digest()``)."""
+    h = hashlib.sha256(b"primewalk-captures/1\0")
+    h.update(_i64_bytes([len(captures)]))
+    for c in captures:
+        h.update(_i64_bytes([c.pos]))
+        h.update(_f32_bytes(c.logits))
+        h.update(_f32_bytes(c.last_h))
+        h.update(c.snap.digest().encode())
+    return h.hexdigest()
+
+
+def continuation_digest(tokens) -> str:
+    """SHA-256 of the token ids as little-endian int64."""
+    return hashlib.sha256(_i64_bytes(list(tokens))).hexdigest()
+
+
+def config_fingerprint(cfg) -> str:
+    """SHA-256 of the config's sorted-key JSON."""
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,87 @@
+"""Captured steps: how the kernel launches of one engine step are issued.
+
+A step is a body of kernel launches only (no copies, no synchronisation) over named inputs.
+Steps of at most :data:`GRAPH_MAX_ROWS` rows (decode, verify, MTP drafts) are captured once per
+cache and replayed (CUDA graphs): one graph launch instead of ~15 launches per layer from
+Python. The position then lives on the device (:attr:`StepRunner.pos`, int32 [1]), so one
+capture serves every position. Larger steps, and every step on a backend that cannot capture
+(cpu), run eagerly with the position as a scalar. A replay launches the same kernels on the same
+inputs as the eager run: the same bits.
+
+``PRIMEWALK_GRAPHS=0`` or ``Engine(..., graphs=False)`` turns capture off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+GRAPH_MAX_ROWS = 8  # steps of at most this many rows are captured and replayed
+
+
+def graphs_wanted(ops, graphs: bool | None) -> bool:
+    """Whether steps are captured: ``graphs`` (None: ``$PRIMEWALK_GRAPHS`` is not ``0``), on an
+    op set that can capture."""
+    if graphs is None:
+        graphs = os.environ.get("PRIMEWALK_GRAPHS", "1") != "0"
+    return bool(graphs) and hasattr(ops, "capture")
+
+
+def graph_key(what: str, rows: int, *more):
+    """The capture key of a step of ``rows`` rows (None: too large to capture)."""
+    return None if rows > GRAPH_MAX_ROWS else (what, rows) + more
+
+
+class StepRunner:
+    """Issues engine steps eagerly, or captured and replayed (see the module docstring)."""
+
+    def __init__(self, B, ops, graphs: bool):
+        self.B, self.ops = B, ops
+        self.pos = B.zeros((1,), np.int32) if graphs else None  # the device-side position
+        self._ids = None  # token ids buffer of eager steps, reused across calls
+
+    def run(self, cache, key, body, inputs: dict, start: int, keep):
+        """Run ``body(inputs, start, pos)`` and return its outputs.
+
+        ``inputs``: {name: host or backend array}. ``key`` None: the body runs eagerly with the
+        inputs on the backend and ``start`` as a scalar. Otherwise the first call of ``key`` on
+        ``cache`` runs eagerly with the position on the device (compiling and allocating what
+        it needs); the second captures the body with its own copies of the inputs; every later
+        call copies the new inputs into those copies, the position into :attr:`pos`, and
+        replays. ``keep()``: the buffers a capture reads or writes besides its inputs, kept
+        alive as long as the graph."""
+        at, pos = start, None
+        if key is not None:
+            B = self.B
+            B.copy_into(self.pos, np.array([start], np.int32))
+            g = cache.graphs.get(key)
+            if g is None and key in cache.graph_seen:
+                own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
+                graph, out = self.ops.capture(lambda: body(own, 0, self.pos),
+                                              [self.pos, *keep(), *own.values()])
+                g = cache.graphs[key] = (graph, out, own)
+            if g is not None:
+                graph, out, own = g
+                for n, v in inputs.items():
+                    B.copy_into(own[n], v)
+                graph.replay()
+                return out
+            cache.graph_seen.add(key)
+            at, pos = 0, self.pos
+        return body({n: self._upload(n, v) for n, v in inputs.items()}, at, pos)
+
+    def _upload(self, name, v):
+        """An input of an eager step on the backend: token ids (``ids``) through the reused ids
+        buffer, backend arrays as they are, host arrays uploaded."""
+        if name == "ids":
+            return self._upload_ids(v)
+        return v if not isinstance(v, np.ndarray) else self.B.upload(v)
+
+    def _upload_ids(self, ids):
+        buf = self._ids
+        if buf is None or buf.shape[0] < len(ids):
+            buf = self._ids = self.B.empty((max(len(ids), 256),), np.int32)
+        view = buf[: len(ids)]
+        self.B.copy_into(view, np.ascontiguousarray(ids, np.int32))
+        return view

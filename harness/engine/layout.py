@@ -1,0 +1,117 @@
+"""HF checkpoint tensors → the engine's fused buffers, re-arranged once at load.
+
+The layout changes no output's arithmetic: the DeltaNet's per-key-head interleaved
+``in_proj_qkvz``/``in_proj_ba`` rows are regrouped into ``q‖k‖v‖z`` / ``b‖a``, attention's
+per-head ``query‖gate`` rows into ``queries‖gates`` (with K and V rows appended), and SwiGLU's
+gate and up rows stacked — each output is still one canonical dot product of its own weight row.
+
+:func:`prepare_weights` uploads everything a forward pass reads; each layer is a dict of backend
+arrays (:func:`prepare_layer` says which keys each kind has).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import LINEAR, ModelConfig
+
+
+def qkvz_order(cfg: ModelConfig) -> np.ndarray:
+    """Row permutation taking HF's per-key-head [q k v z] groups to [q_all k_all v_all z_all]."""
+    hk, dk, dv, r = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.v_per_k
+    grp = 2 * dk + 2 * r * dv
+    q = [h * grp + i for h in range(hk) for i in range(dk)]
+    k = [h * grp + dk + i for h in range(hk) for i in range(dk)]
+    v = [h * grp + 2 * dk + i for h in range(hk) for i in range(r * dv)]
+    z = [h * grp + 2 * dk + r * dv + i for h in range(hk) for i in range(r * dv)]
+    return np.array(q + k + v + z)
+
+
+def ba_order(cfg: ModelConfig) -> np.ndarray:
+    """Row permutation taking HF's per-key-head [b a] groups to [b_all a_all]."""
+    hk, r = cfg.linear_num_key_heads, cfg.v_per_k
+    b = [h * 2 * r + i for h in range(hk) for i in range(r)]
+    a = [h * 2 * r + r + i for h in range(hk) for i in range(r)]
+    return np.array(b + a)
+
+
+def q_gate_order(cfg: ModelConfig) -> np.ndarray:
+    """Row permutation taking ``q_proj``'s per-head [query gate] rows to [queries gates]."""
+    hq, D = cfg.num_attention_heads, cfg.head_dim
+    q = [h * 2 * D + i for h in range(hq) for i in range(D)]
+    g = [h * 2 * D + D + i for h in range(hq) for i in range(D)]
+    return np.array(q + g)
+
+
+@dataclass
+class EngineWeights:
+    """Everything the forward pass reads, on the backend."""
+
+    embed: object  # [V, H]
+    lm_head: object  # [V, H]: the embedding itself when tied
+    final_norm: object  # [H]
+    layers: list  # one prepare_layer dict per trunk layer
+    mtp: dict | None  # fc, norm_e, norm_h, norm, layer (a full-attention layer dict); None without a head
+
+
+def prepare_weights(cfg: ModelConfig, t: dict, upload, has_mtp: bool) -> EngineWeights:
+    """Upload the checkpoint tensors ``t`` (internal names, float32) in the engine layout;
+    ``upload(host array) -> backend array``."""
+    embed = upload(np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=np.float32))
+    lm_head = embed if cfg.tie_word_embeddings else upload(t["lm_head.weight"])
+    final_norm = upload(t["model.norm.weight"])
+    layers = [prepare_layer(cfg, t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i), upload)
+              for i, kind in enumerate(cfg.layer_types)]
+    mtp = None
+    if has_mtp:
+        mtp = {
+            "fc": upload(t["mtp.fc.weight"]),
+            "norm_e": upload(t["mtp.pre_fc_norm_embedding.weight"]),
+            "norm_h": upload(t["mtp.pre_fc_norm_hidden.weight"]),
+            "norm": upload(t["mtp.norm.weight"]),
+            "layer": prepare_layer(cfg, t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0), upload),
+        }
+    return EngineWeights(embed, lm_head, final_norm, layers, mtp)
+
+
+def prepare_layer(cfg: ModelConfig, t: dict, p: str, kind: str, moe: bool, upload) -> dict:
+    """One decoder layer (tensor prefix ``p``) as a dict: ``kind``, ``moe``, ``name``,
+    ``in_norm``, ``post_norm``; DeltaNet ``qkvz`` [q‖k‖v‖z, H], ``ba`` [b‖a, H], ``conv``,
+    ``A_log``, ``dt_bias``, ``norm``, ``out``; or attention ``qkv`` [queries‖gates‖K‖V, H],
+    ``q_norm``, ``k_norm``, ``o``; then a dense MLP ``gu`` [gate‖up, H], ``down``, ``inter``, or
+    MoE ``router``, ``G2``/``U2`` [E·I, H], ``D2`` [E·H, I], ``shared`` and, with a shared
+    expert, ``sgu``, ``sdown``, ``sgate``."""
+    up = upload
+    L = {"kind": kind, "moe": moe, "name": p.rstrip("."),
+         "in_norm": up(t[p + "input_layernorm.weight"]),
+         "post_norm": up(t[p + "post_attention_layernorm.weight"])}
+    if kind == LINEAR:
+        a = p + "linear_attn."
+        L.update(qkvz=up(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
+                 ba=up(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
+                 conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
+                 dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
+                 out=up(t[a + "out_proj.weight"]))
+    else:
+        s = p + "self_attn."
+        L.update(qkv=up(np.concatenate([t[s + "q_proj.weight"][q_gate_order(cfg)],
+                                        t[s + "k_proj.weight"], t[s + "v_proj.weight"]])),
+                 q_norm=up(t[s + "q_norm.weight"]), k_norm=up(t[s + "k_norm.weight"]),
+                 o=up(t[s + "o_proj.weight"]))
+    if not moe:
+        L.update(gu=up(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
+                 down=up(t[p + "mlp.down_proj.weight"]), inter=cfg.intermediate_size)
+    else:
+        e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        L.update(router=up(t[p + "mlp.gate.weight"]),
+                 G2=up(t[p + "mlp.experts.gate_proj"].reshape(e * i, h)),
+                 U2=up(t[p + "mlp.experts.up_proj"].reshape(e * i, h)),
+                 D2=up(t[p + "mlp.experts.down_proj"].reshape(e * h, i)))
+        L["shared"] = cfg.shared_expert_intermediate_size > 0
+        if L["shared"]:
+            q = p + "mlp.shared_expert."
+            L.update(sgu=up(np.concatenate([t[q + "gate_proj.weight"], t[q + "up_proj.weight"]])),
+                     sdown=up(t[q + "down_proj.weight"]), sgate=up(t[p + "mlp.shared_expert_gate.weight"]))
+    return L

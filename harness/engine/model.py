@@ -1,0 +1,406 @@
+"""The engine: weights resident on a backend, a shared workspace, per-session caches.
+
+``Engine(checkpoint, backend)`` prepares the weights once (:mod:`.layout`); every session's work
+goes through the same engine and the same workspace buffers (activations, scratch), so
+interleaving sessions is a real hazard that the walker's peer check catches. Per-session state
+lives in :class:`~harness.engine.cache.Cache`. The entry points and the arrays they take and
+return are in :class:`Engine`'s docstring.
+
+On a backend that can capture launches (CUDA), steps of at most
+:data:`~harness.engine.graphs.GRAPH_MAX_ROWS` rows run once eagerly, are then captured per cache
+and replayed (:mod:`.graphs`): the same kernels with the position read from the device, so
+decode costs one graph launch instead of ~15 launches per layer. ``PRIMEWALK_GRAPHS=0`` or
+``Engine(..., graphs=False)`` turns it off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InputError, NumericError, PrimewalkError
+from .backend import get_backend
+from .cache import Cache, Session
+from .config import LINEAR
+from .digests import config_fingerprint
+from .graphs import StepRunner, graph_key, graphs_wanted
+from .layout import prepare_weights
+from .rope import rope_tables
+from .weights import Checkpoint
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------------
+class Engine:
+    """Weights on one backend plus the workspace every session shares.
+
+    Entry points (bitwise consistent with each other in exact mode, since every kernel computes
+    each row independently of how many rows share the launch):
+
+    - ``prime_chunk(sess, ids)``: a batch of prompt rows; logits of the last row, hidden rows.
+    - ``decode_step(sess, token)``: one row.
+    - ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
+      ``capture``, per-row DeltaNet state so :meth:`rollback` can keep an accepted prefix.
+    - ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP
+      head (``mtp_rows`` is the pass both run).
+
+    Arrays at the API, one convention for every entry point:
+
+    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the entry point:
+      every caller picks a token from them.
+    - **Hidden rows stay on the backend** (``[R, H]`` float32: numpy on cpu, a device array on
+      cuda) and are opaque to callers: pass them back to the engine (the MTP calls take backend
+      rows as they are, or host rows) or download them explicitly with :meth:`host`.
+
+    So a decode step copies nothing to the host but its logits (and the NaN/Inf flags when
+    ``check_finite``).
+    """
+
+    def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
+                 graphs: bool | None = None):
+        self.ckpt, self.cfg = ckpt, ckpt.config
+        self.B = get_backend(backend)
+        self.ops = self.B.ops
+        self.check_finite = check_finite
+        self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)
+        self.steps = StepRunner(self.B, self.ops, self.graphs)
+        self.fingerprint = config_fingerprint(self.cfg)
+        self.has_mtp = ckpt.has_mtp
+        self._ws: dict = {}
+        self._rope_n = 0
+        self._flag_buf = None
+        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp)
+        self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
+            w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
+        self.cap_conv_dummy = self.B.zeros((1, 1, 1))
+        self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
+
+    def host(self, rows) -> np.ndarray:
+        """A host numpy copy of backend rows: hidden rows an entry point returned, or a plane."""
+        return self.B.download(rows)
+
+    # ---- workspace ---------------------------------------------------------------------------
+    def ws(self, name, rows, width, dtype=F32):
+        """A workspace buffer of at least ``rows`` × ``width`` (shared by all sessions)."""
+        a = self._ws.get(name)
+        if a is None or a.shape[0] < rows or a.shape[1] != width or a.dtype != dtype:
+            cap = max(rows, 1 if a is None else a.shape[0])
+            a = self._ws[name] = self.B.empty((cap, width), dtype)
+        return a
+
+    def _ensure_rope(self, n):
+        if n > self._rope_n:
+            n = max(n, 2 * self._rope_n, 256)
+            cos, sin = rope_tables(n, self.cfg.rotary_dim, self.cfg.rope_theta)
+            self.cos, self.sin = self.B.upload(cos), self.B.upload(sin)
+            self._rope_n = n
+
+    # ---- sessions ----------------------------------------------------------------------------
+    def new_session(self, max_ctx: int, session_id: int = 0) -> Session:
+        """A fresh session of ``max_ctx`` positions. ``session_id`` keys the sampling counter
+        RNG (seed, session, position), so give sessions whose draws must match the same id."""
+        if not isinstance(max_ctx, (int, np.integer)) or max_ctx < 1:
+            raise InputError(f"max_ctx must be a positive integer, got {max_ctx!r}")
+        self._ensure_rope(int(max_ctx))
+        return Session(Cache(self, int(max_ctx)), session_id=int(session_id))
+
+    def check_ids(self, ids, what="prompt"):
+        ids = np.asarray(ids)
+        if ids.ndim != 1:
+            raise InputError(f"{what}: expected a flat list of token ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise InputError(f"{what} is empty")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{what}: token ids must be integers")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.cfg.vocab_size))
+        if bad.size:
+            raise InputError(f"{what}: token id {int(ids[bad[0]])} at index {int(bad[0])} is out of "
+                             f"range for vocab_size {self.cfg.vocab_size}")
+        return ids.astype(np.int32)
+
+    def _check_session(self, sess, rows):
+        if sess.cache.poisoned:
+            raise InputError(f"session unusable: {sess.cache.poisoned}; restore a snapshot or start a new session")
+        c = sess.cache
+        if c.fingerprint != self.fingerprint:
+            raise InputError("session cache belongs to a model with another config")
+        if c.pos + rows > c.max_ctx:
+            raise InputError(f"{rows} rows at position {c.pos} exceed the cache capacity {c.max_ctx}")
+
+    # ---- layers ------------------------------------------------------------------------------
+    def _gdn(self, L, li, h, R, cache, capture, caps):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        kd, vd, cd, nv = cfg.key_dim, cfg.value_dim, cfg.conv_dim, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        qkvz = ws("qkvz", R, cd + vd)
+        ops.linear(h, L["qkvz"], qkvz, R)
+        ba = ws("ba", R, 2 * nv)
+        ops.linear(h, L["ba"], ba, R)
+        cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
+        mixed = ws("mixed", R, cd)
+        ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
+        qn, kn = ws("qn", R, kd), ws("kn", R, kd)
+        beta, g = ws("beta", R, nv), ws("g", R, nv)
+        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, ba, nv, L["A_log"], L["dt_bias"],
+                     F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
+        o = ws("gdn_o", R, vd)
+        ops.gdn_recurrence(qn, kn, mixed, 2 * kd, g, beta, cache.rec[li], o, R, dk, dv, cfg.v_per_k, cap_r, capture)
+        on = ws("gdn_on", R, vd)
+        ops.gated_rmsnorm(o, qkvz, cd, nv, dv, L["norm"], cfg.rms_norm_eps, on, R)
+        mix = ws("mix", R, cfg.hidden_size)
+        ops.linear(on, L["out"], mix, R)
+        return mix
+
+    def _attn(self, L, h, R, kc, vc, start, pos=None):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        at = {} if pos is None else {"pos": pos}  # device-side position (captured steps, cuda only)
+        hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
+        ops.linear(h, L["qkv"], qkv, R)
+        q, k = ws("q", R, hq * D), ws("k", R, hkv * D)
+        ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
+        ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
+        half = cfg.rotary_dim // 2
+        ops.rope(q, hq, D, half, self.cos, self.sin, start, R, **at)
+        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R, **at)
+        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R, **at)
+        att = ws("att", R, hq * D)
+        ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
+        gated = ws("att_g", R, hq * D)
+        ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+        mix = ws("mix", R, cfg.hidden_size)
+        ops.linear(gated, L["o"], mix, R)
+        return mix
+
+    def _mlp(self, L, h, R):
+        cfg, ops, ws = self.cfg, self.ops, self.ws
+        H = cfg.hidden_size
+        mix = ws("mix", R, H)
+        if not L["moe"]:
+            I = L["inter"]
+            gu, act = ws("gu", R, 2 * I), ws("act", R, I)
+            ops.linear(h, L["gu"], gu, R)
+            ops.swiglu_act(gu, I, act, R)
+            ops.linear(act, L["down"], mix, R)
+            return mix
+        E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+        rl, P = ws("router", R, E), ws("router_p", R, E)
+        idx, wts = ws("moe_idx", R, k, np.int32), ws("moe_w", R, k)
+        ops.linear(h, L["router"], rl, R)
+        ops.moe_route(rl, k, cfg.norm_topk_prob, P, idx, wts, R)
+        mact, my = ws("moe_act", R * k, I), ws("moe_y", R * k, H)
+        ops.moe_up(h, L["G2"], L["U2"], idx, I, mact, R)
+        ops.moe_down(mact, L["D2"], idx, H, my, R)
+        sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
+        if L["shared"]:
+            S = cfg.shared_expert_intermediate_size
+            sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
+            ops.linear(h, L["sgu"], sgu, R)
+            ops.swiglu_act(sgu, S, sact, R)
+            ops.linear(sact, L["sdown"], sh, R)
+            ops.linear(h, L["sgate"], sgl, R)
+        ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
+        return mix
+
+    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot, pos=None):
+        ops, cfg = self.ops, self.cfg
+        h = self.ws("h", R, cfg.hidden_size)
+        ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
+        if L["kind"] == LINEAR:
+            mix = self._gdn(L, li, h, R, cache, capture, caps)
+        else:
+            mix = self._attn(L, h, R, kc, vc, start, pos)
+        ops.add(x, mix, x, R)
+        ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
+        mix = self._mlp(L, h, R)
+        ops.add(x, mix, x, R)
+        if flags is not None:
+            ops.nonfinite_flag(x, R, flags, slot)
+
+    def _flags(self):
+        """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero."""
+        if not self.check_finite:
+            return None
+        n = len(self.layers) + 3
+        if self._flag_buf is None:
+            self._flag_buf, self._flag_zeros = self.B.zeros((n,), np.int32), np.zeros(n, np.int32)
+        self.B.copy_into(self._flag_buf, self._flag_zeros)
+        return self._flag_buf
+
+    def _raise_nonfinite(self, sess, flags, names):
+        if flags is None:
+            return
+        f = self.B.download(flags)
+        if f.any():
+            where = names[int(np.flatnonzero(f)[0])]
+            sess.cache.poisoned = f"{where} produced NaN or Inf"
+            raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
+
+    # ---- steps ------------------------------------------------------------------------------
+    def _step(self, c, key, body, inputs, start, keep=()):
+        """Run ``body(inputs, start, pos)`` -- kernel launches only -- on cache ``c`` and return
+        its outputs: captured and replayed under ``key`` when graphs are on, else eagerly
+        (:meth:`~harness.engine.graphs.StepRunner.run`). ``keep``: buffers the body reads or
+        writes besides the workspace, the rope tables, the flags and ``inputs``."""
+        return self.steps.run(c, key if self.graphs else None, body, inputs, start,
+                              lambda: [c, self.cos, self.sin, self._flag_buf, *keep, *self._ws.values()])
+
+    def _trunk(self, sess, ids, logits_rows, capture=False):
+        """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
+        last ``logits_rows`` rows (all when None), hidden [R, H], an owned backend array)."""
+        ids = self.check_ids(ids)
+        R = len(ids)
+        self._check_session(sess, R)
+        c, cfg = sess.cache, self.cfg
+        start = c.pos
+        caps = None
+        if capture:
+            caps = sess.verify_caps
+            if caps.get("rows") != R:
+                caps.clear()
+                caps.update(rows=R, conv={}, rec={})
+                for li in cfg.gdn_layers:
+                    caps["conv"][li] = self.B.empty((R, max(c.kc1, 1), cfg.conv_dim))
+                    caps["rec"][li] = self.B.empty((R,) + tuple(c.rec[li].shape))
+            caps["start"] = start
+        n = R if logits_rows is None else min(logits_rows, R)
+        flags = self._flags()
+        key = graph_key("trunk", R, n, None if caps is None else id(caps["conv"]))
+
+        def body(inp, at, pos):
+            return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
+
+        logits, hf = self._step(c, key, body, {"ids": ids}, start,
+                                keep=() if caps is None else (caps["conv"], caps["rec"]))
+        c.pos = start + R
+        out = self.B.download(logits[:n])
+        self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
+        hidden = self.B.clone(hf[:R])
+        c.last_h = hidden[R - 1:R]
+        if capture:
+            caps["hidden"] = hidden
+        return out, hidden
+
+    def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
+        """The trunk's launches (no copies): returns the (logits, final-normed hidden) buffers."""
+        cfg, ops = self.cfg, self.ops
+        x = self.ws("x", R, cfg.hidden_size)
+        ops.embed(ids_dev, self.embed, x)
+        for li, L in enumerate(self.layers):
+            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li, pos)
+        hf = self.ws("hf", R, cfg.hidden_size)
+        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
+        logits = self.ws("logits", n, cfg.vocab_size)
+        ops.linear(hf[R - n:], self.lm_head, logits, n)
+        if flags is not None:
+            ops.nonfinite_flag(logits, n, flags, len(self.layers))
+        return logits, hf
+
+    def prime_chunk(self, sess, ids):
+        """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend)."""
+        logits, hidden = self._trunk(sess, ids, 1)
+        return logits[0], hidden
+
+    def decode_step(self, sess, token):
+        """One row: (logits [V] host, hidden [1, H] backend)."""
+        logits, hidden = self._trunk(sess, [int(token)], 1)
+        return logits[0], hidden
+
+    def target_step(self, sess, ids, capture=False):
+        """Verify rows: (logits [R, V] host, hidden [R, H] backend); ``capture`` keeps per-row
+        DeltaNet state for :meth:`rollback`."""
+        return self._trunk(sess, ids, None, capture)
+
+    def rollback(self, sess, keep: int) -> None:
+        """After ``target_step(..., capture=True)`` of R rows, keep only the first ``keep`` rows:
+        DeltaNet conv/recurrent state from row keep-1's capture, K/V length start + keep."""
+        caps = sess.verify_caps
+        if not caps or "start" not in caps:
+            raise PrimewalkError("rollback without a captured target step")
+        R, start = caps["rows"], caps["start"]
+        if not 1 <= keep <= R or sess.cache.pos != start + R:
+            raise PrimewalkError(f"rollback to {keep} of {R} captured rows is not possible here")
+        c = sess.cache
+        if keep < R:
+            for li in self.cfg.gdn_layers:
+                self.B.copy_into(c.conv[li], caps["conv"][li][keep - 1])
+                self.B.copy_into(c.rec[li], caps["rec"][li][keep - 1])
+            c.pos = start + keep
+            c.last_h = caps["hidden"][keep - 1:keep]
+        caps.pop("start")
+
+    # ---- MTP ---------------------------------------------------------------------------------
+    def require_mtp(self, what="the MTP head"):
+        if not self.has_mtp:
+            raise PrimewalkError(f"{self.ckpt.path or 'model'} has no MTP head (no mtp.* tensors); "
+                                 f"{what} needs one")
+
+    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None):
+        """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
+        hidden state of the position before; [R, H], host or backend). Writes the MTP K/V there. Returns (logits host
+        [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend)."""
+        self.require_mtp()
+        cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
+        ids = self.check_ids(tokens, "MTP tokens")
+        R, H = len(ids), cfg.hidden_size
+        if start + R > c.max_ctx:
+            raise InputError(f"MTP rows up to position {start + R - 1} exceed the cache capacity {c.max_ctx}")
+        n = R if logits_rows is None else min(logits_rows, R)
+        flags = self._flags()
+        hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
+        key = graph_key("mtp", R, n)
+
+        def body(inp, at, pos):
+            e = self.ws("mtp_e", R, H)
+            ops.embed(inp["ids"], self.embed, e)
+            cat = self.ws("mtp_cat", R, 2 * H)
+            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
+            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R)
+            x = self.ws("x", R, H)
+            ops.linear(cat, M["fc"], x, R)
+            self._block(M["layer"], -1, x, R, at, c.mtp_k, c.mtp_v, c, False, None, flags, 0, pos)
+            hf = self.ws("hf", R, H)
+            ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
+            logits = self.ws("logits", n, cfg.vocab_size)
+            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            return logits, hf
+
+        logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
+        out = self.B.download(logits[:n])
+        self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
+        return out, self.B.clone(hf[:R])
+
+    def mtp_fill(self, sess, tokens, hiddens):
+        """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
+        with hiddens[r] (trunk hidden of the position before; [n, H], host or backend)."""
+        c = sess.cache
+        n = len(tokens)
+        if c.mtp_len + n > c.pos + 1:
+            raise PrimewalkError(f"MTP fill of {n} rows at {c.mtp_len} runs ahead of the trunk ({c.pos})")
+        self.mtp_rows(sess, tokens, hiddens, c.mtp_len, logits_rows=1)
+        c.mtp_len += n
+
+    def mtp_draft(self, sess, tokens, hiddens, chain):
+        """One pass over the committed rows (filling the head's K/V; the last row must be the
+        pending token at the trunk's position), then ``chain`` greedy drafts, each fed by the
+        head's own output hidden. Returns the drafts."""
+        c = sess.cache
+        n = len(tokens)
+        if c.mtp_len + n != c.pos + 1:
+            raise PrimewalkError(f"MTP cache out of step: {c.mtp_len} + {n} rows vs trunk position {c.pos}")
+        if c.pos + chain > c.max_ctx:
+            raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
+        start = c.mtp_len
+        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1)
+        c.mtp_len = start + n
+        drafts = []
+        for i in range(chain):
+            d = int(np.argmax(logits[-1]))
+            drafts.append(d)
+            if i + 1 < chain:
+                logits, out = self.mtp_rows(sess, [d], out[out.shape[0] - 1:], start + n + i, logits_rows=1)
+        return drafts
