@@ -169,7 +169,7 @@ def attention_merge_k(stats, start, pb, D, out):
         out[r, h * D + d] = attn_out(a, l)
 
 
-@launcher()
+@launcher(of="attention")
 def attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     """One block per (row, head), tiles merged in order as they are computed. ``pos``: an int32
     [1] device array added to ``start`` (the device-side position of a captured step); None adds
@@ -181,7 +181,7 @@ def attention_tiled(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
            F32(scale))
 
 
-@launcher()
+@launcher(of="attention")
 def attention_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     """Split-KV. Returns False (did nothing) when the per-tile statistics would not fit
     ``SPLIT_MAX_STATS_BYTES``. With ``pos`` the grid covers the cache's capacity."""

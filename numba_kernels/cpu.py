@@ -139,4 +139,3 @@ BODIES = {f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")}
 globals().update(tags.constants(FAMILIES))
 globals().update(BODIES)
 globals().update(OPS)
-TILE = exact.ATT_TILE

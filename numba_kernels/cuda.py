@@ -6,7 +6,7 @@ CUDA. Every kernel's threads compute their outputs with the same ``@body`` funct
 :mod:`numba_kernels.cpu`, compiled as device functions with this target's primitives
 (:mod:`numba_kernels.launch`); which kernel serves a launch is :mod:`numba_kernels.dispatch`'s
 table. Beyond the ops: the versions (``linear_naive``, ``gemv_v1``, ``gemv_v3``, ``gemm``,
-``attention_tiled``, ``attention_split``, ``gdn_recurrence_naive``, ``gdn_recurrence_fast``),
+``attention_tiled``, ``attention_split``, ``gdn_recurrence_naive``),
 ``capture`` / ``Graph`` (captured steps), ``zero_pos`` and ``SIMULATED``.
 
 ``PRIMEWALK_LINEAR`` (v1 | v3) picks the decode GEMV at import (``dispatch.GEMV_VERSION``);
@@ -28,8 +28,7 @@ capture, Graph, zero_pos, LAUNCHES = launch.capture, launch.Graph, launch.zero_p
 _NS, OPS = tags.build(FAMILIES, __name__, launch.bindings(),
                       {"body": lambda f, t: _cuda.jit(device=True)(f), "kernel": lambda f, t: _cuda.jit(f),
                        "launcher": lambda f, t: f})
-VERSIONS = {f.__name__: _NS[f.__name__] for f, t in tags.tagged(FAMILIES, "launcher") if t["op"] is None
-            and not t["bound"]}
+VERSIONS = {f.__name__: t["of"] for f, t in tags.tagged(FAMILIES, "launcher") if t["of"]}  # version: its op
 globals().update(tags.constants(FAMILIES))
 globals().update({f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")})
 globals().update(OPS)

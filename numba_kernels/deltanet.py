@@ -14,7 +14,7 @@ token t.
 
 - ``gdn_recurrence_cpu`` (twin) and ``gdn_recurrence_naive`` (CUDA, one thread per column, state
   in global memory) run :func:`gdn_column`;
-- ``gdn_recurrence_fast`` (CUDA, what ``gdn_recurrence`` launches): thread (s, j) keeps rows
+- ``gdn_recurrence`` on CUDA, the fast kernel: thread (s, j) keeps rows
   s·32 … s·32+31 of column j -- dot slice s -- in registers for all tokens, computes that slice's
   partials (``fma_chain``) and every thread of the column adds the partials in slice order
   (``add_partials``): exactly the canonical dot. Grid (value head, group of ``COLS`` columns);
@@ -196,24 +196,19 @@ def gdn_recurrence_fast_k(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, c
             S[h, i0 + ii, j] = st[ii]
 
 
-@launcher()
+@launcher(of="gdn_recurrence")
 def gdn_recurrence_naive(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
     """One thread per state column, state in global memory (the reference launch)."""
     launch(gdn_recurrence_naive_k, *grid1(S.shape[0] * dv, 64), Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap,
            capture)
 
 
-@launcher()
-def gdn_recurrence_fast(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
-    """State columns in registers, one thread per (column, dot slice)."""
+@launcher("gdn_recurrence")
+def gdn_recurrence_cuda(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
+    """Same contract as the twin: the fast kernel, state columns in registers, one thread per
+    (column, dot slice)."""
     if dk > MAX_DK:
         raise ValueError(f"linear_key_head_dim {dk} > {MAX_DK} is not supported by the CUDA recurrence")
     grid = (S.shape[0], (dv + COLS - 1) // COLS)
     launch(gdn_recurrence_fast_k, grid, ((dk + SLICE - 1) // SLICE, COLS), Qn, Kn, V, vo, g, beta, S, out, R, dk, dv,
            vpk, cap, capture)
-
-
-@launcher("gdn_recurrence")
-def gdn_recurrence_cuda(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture):
-    """Same contract as the twin; the fast kernel."""
-    gdn_recurrence_fast(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, capture)

@@ -4,8 +4,9 @@
   (``__fmul_rn``, never contracted), ``sqrt32``, ``bits_to_f32``, ``barrier`` (``syncthreads``),
   ``syncwarp``. Under Numba's simulator (``NUMBA_ENABLE_CUDASIM=1``, ``SIMULATED``) they round
   exactly like the GPU: ``fma`` is the CPU twin's ``llvm.fma.f32`` (one rounding), ``fmul`` and
-  ``sqrt32`` round to float32 once, and every other operation of a kernel is numpy float32
-  arithmetic. So a simulated kernel computes the GPU's bits, and the CPU tests compare them with
+  ``sqrt32`` round to float32 once and return numpy float32 scalars, so every other operation of
+  a kernel is numpy float32 arithmetic (NEP 50: a Python int or float beside a float32 stays
+  float32). So a simulated kernel computes the GPU's bits, and the CPU tests compare them with
   the twin's bitwise.
 - **Launches**: every launch goes through :func:`launch`. Normally it runs at once on the default
   stream; inside :func:`capture` it is recorded into a CUDA graph (a ``cuda.core``
@@ -33,9 +34,10 @@ from numba import cuda  # noqa: E402
 from numba.core import config as _nb_config  # noqa: E402
 from numba.core.errors import NumbaPerformanceWarning  # noqa: E402
 
+from .exact import F32  # noqa: E402
+
 warnings.simplefilter("ignore", NumbaPerformanceWarning)  # small grids are expected for decode
 
-F32 = np.float32
 SIMULATED = bool(_nb_config.ENABLE_CUDASIM)
 TPB = 128  # threads per block of the one-thread-per-output kernels
 dev = cuda.jit(device=True)
@@ -63,7 +65,8 @@ if not SIMULATED:
 else:
     from . import cpu as _cpu
 
-    fma = _cpu.fma  # llvm.fma.f32: the exactly rounded fused multiply-add, as on the GPU
+    def fma(a, b, c):  # the CPU twin's llvm.fma.f32: one rounding, as on the GPU
+        return F32(_cpu.fma(F32(a), F32(b), F32(c)))
 
     def fmul(a, b):
         return F32(a) * F32(b)

@@ -240,25 +240,25 @@ def gemm_k(X, W, out, R):
                     out[r, c] = acc[i, j]
 
 
-@launcher()
+@launcher(of="linear")
 def linear_naive(X, W, out, R):
     """One thread per output (the reference launch; :func:`linear` is the fast path)."""
     launch(linear_naive_k, *grid1(R * W.shape[0]), X, W, out, R)
 
 
-@launcher()
+@launcher(of="linear")
 def gemv_v1(X, W, out, R):
     """R ≤ GEMV_MAX_ROWS rows; one warp per output column, 4 columns per block."""
     launch(gemv_v1_k, (W.shape[0] + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
 
 
-@launcher()
+@launcher(of="linear")
 def gemv_v3(X, W, out, R):
     """R ≤ GEMV_MAX_ROWS rows; one warp per output column, 8 columns per block."""
     launch(gemv_v3_k, (W.shape[0] + GEMV3_WARPS - 1) // GEMV3_WARPS, 32 * GEMV3_WARPS, X, W, out, R)
 
 
-@launcher()
+@launcher(of="linear")
 def gemm(X, W, out, R):
     """Any R; 64×64 output tiles."""
     N = W.shape[0]

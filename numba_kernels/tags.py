@@ -10,8 +10,8 @@ never import ``numba`` or ``numba.cuda``; each function carries a tag:
   ``prange`` loops); ``host=True`` marks a host-side helper that has no CUDA launcher;
 - ``@kernel``: a CUDA kernel (``cuda.jit``);
 - ``@launcher(op)``: the host function that launches ``op``'s kernels, with the twin's name and
-  signature (cloned, not compiled). ``@launcher()`` without an op is a variant the CUDA front door
-  exports under its own name (``gemv_v1``, ``attention_split`` ...).
+  signature (cloned, not compiled). ``@launcher(of=op)`` is one version of ``op`` (``gemv_v1``,
+  ``attention_split`` ...), which the CUDA front door exports under its own name.
 
 ``bound={public name: value}`` on a twin or launcher exports one op per entry, with the last
 argument fixed (the scalar maps share one twin and one kernel).
@@ -59,9 +59,10 @@ def kernel(f):
     return _tag(f, "kernel")
 
 
-def launcher(op=None, bound=None):
-    """The CUDA launcher of ``op``; without ``op``, a variant exported under its own name."""
-    return lambda f: _tag(f, "launcher", op, bound=bound)
+def launcher(op=None, of=None, bound=None):
+    """The CUDA launcher of ``op``; or, with ``of``, a version of op ``of`` exported under its own
+    name."""
+    return lambda f: _tag(f, "launcher", op, of=of, bound=bound)
 
 
 def tag_of(f):
@@ -177,8 +178,8 @@ def build(modules, name, bindings, jit):
 
 
 def signatures(modules) -> dict:
-    """{op: {"cpu": signature, "cuda": signature}} from the tags (no compilation, no GPU);
-    ``host`` twins and launcher variants have one side only."""
+    """{op: {"cpu": signature, "cuda": signature}} from the tags (no compilation, no GPU). A
+    ``host`` twin has no "cuda"; a version of an op has no "cpu" and names the op under "of"."""
     out: dict = {}
     for kind, side in (("twin", "cpu"), ("launcher", "cuda")):
         for f, t in tagged(modules, kind):
@@ -186,4 +187,6 @@ def signatures(modules) -> dict:
                 out.setdefault(name, {})[side] = inspect.signature(op)
                 if t.get("host"):
                     out[name]["host"] = True
+                if t.get("of"):
+                    out[name]["of"] = t["of"]
     return out
