@@ -42,6 +42,20 @@ def linear_at(X, W, out, r, o):
     out[r, o] = dot_rows(X, r, 0, W, o, 0, W.shape[1])
 
 
+@body
+def gemv_add_partials(acc, parts, R, m):
+    """A GEMV warp's accumulators: acc[r] += parts[r, 0] + … + parts[r, m−1] (its column's slice
+    partials of row r, in slice order) for r < R."""
+    for r in range(R):
+        acc[r] = add_partials(acc[r], parts[r], m)
+
+
+@body
+def gemv_store(acc, out, o, R):
+    for r in range(R):
+        out[r, o] = acc[r]
+
+
 @twin("linear", parallel=True)
 def linear_cpu(X, W, out, R):
     """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R. X: [≥R, K]; W: [N, K]; out: [≥R, N]."""
@@ -89,13 +103,10 @@ def gemv_v1_k(X, W, out, R):
         for r in range(R):
             ps[w, r, lane] = fma_chain(Xs[r, lane], Ws[w, lane], n_in, 0)
         cuda.syncthreads()
-        m = min(32, nsl - base)
-        for r in range(R):
-            acc[r] = add_partials(acc[r], ps[w, r], m)
+        gemv_add_partials(acc, ps[w], R, min(32, nsl - base))
         cuda.syncthreads()
     if lane == 0 and o < N:
-        for r in range(R):
-            out[r, o] = acc[r]
+        gemv_store(acc, out, o, R)
 
 
 @kernel
@@ -179,12 +190,10 @@ def gemv_v3_k(X, W, out, R):
         for r in range(R):
             Ws[w, r, lane] = parts[r]
         syncwarp()
-        for r in range(R):
-            acc[r] = add_partials(acc[r], Ws[w, r], m)
+        gemv_add_partials(acc, Ws[w], R, m)
         cuda.syncthreads()
     if lane == 0 and o < N:
-        for r in range(R):
-            out[r, o] = acc[r]
+        gemv_store(acc, out, o, R)
 
 
 @kernel

@@ -110,23 +110,16 @@ def tagged(modules, kind):
 
 
 def constants(modules) -> dict:
-    """Every UPPER_CASE name of the modules; one name, one value."""
+    """Every UPPER_CASE name of the modules (imported ones included); one name, one object."""
     out: dict = {}
     for m in modules:
         for k, v in vars(m).items():
             if not k.isupper() or k.startswith("_"):
                 continue
-            if k in out and out[k] is not v and not _same(out[k], v):
-                raise ValueError(f"{m.__name__}.{k} = {v!r} differs from {out[k]!r} elsewhere: one name, one value")
+            if k in out and out[k] is not v:
+                raise ValueError(f"{m.__name__}.{k} = {v!r} is not the {k} of another family: import it")
             out[k] = v
     return out
-
-
-def _same(a, b):
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def clone(f, ns):
@@ -139,11 +132,11 @@ def clone(f, ns):
 def exported(f, t) -> dict:
     """{public name: function} for a twin or launcher ``f`` (already built)."""
     if t["bound"]:
-        return {name: _bind_last(f, value, name, t) for name, value in t["bound"].items()}
+        return {name: _bind_last(f, value, name) for name, value in t["bound"].items()}
     return {t["op"] or f.__name__: f}
 
 
-def _bind_last(f, value, name, t):
+def _bind_last(f, value, name):
     def op(*args):
         return f(*args, value)
 

@@ -196,7 +196,7 @@ def op_cases():
 # a small model on the engine
 # ------------------------------------------------------------------------------------------------
 SIM_MODEL = dict(
-    vocab_size=20, hidden_size=16, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+    vocab_size=20, hidden_size=36, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
     linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_conv_kernel_dim=4, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
@@ -208,7 +208,8 @@ SIM_MODEL = dict(
 
 def model_steps():
     """The CPU engine and the CUDA engine (simulated) run the same steps; after each, the logits
-    and the cache digests are compared. The CUDA session starts from the CPU-primed cache of 50
+    and the cache digests are compared. Hidden size 36: every linear layer's dot has two slices,
+    the second ragged. The CUDA session starts from the CPU-primed cache of 50
     rows (a restore across backends), then primes 17 rows on CUDA (rows 50..66 cross the 64-key
     tile), verifies 5 and 4 rows with rollback, decodes 3 rows (eager, captured, replayed), runs
     the v1 GEMV uncaptured for a decode and a 3-row verify, and two captured MTP rows."""
@@ -225,7 +226,7 @@ def model_steps():
     sc, sg = ec.new_session(96), eg.new_session(96)
     ec.prime_chunk(sc, ids[:50])
     sg.cache.restore(sc.cache.snapshot())
-    steps = [dict(step="restore p50", rows=None, kernels=[], logits_bitwise=True,
+    steps = [dict(step="restore p50", rows=None, kernels=[], logits_bitwise=None,  # no logits: digests only
                   digest_equal=sc.cache.digest() == sg.cache.digest())]
 
     def step(name, rows, f):
@@ -238,7 +239,7 @@ def model_steps():
     def rollback(keep):
         ec.rollback(sc, keep)
         eg.rollback(sg, keep)
-        steps.append(dict(step=f"rollback to {keep}", rows=None, kernels=[], logits_bitwise=True,
+        steps.append(dict(step=f"rollback to {keep}", rows=None, kernels=[], logits_bitwise=None,
                           digest_equal=sc.cache.digest() == sg.cache.digest()))
 
     step("prime p50 R17", 17, lambda e, s: e.prime_chunk(s, ids[50:67]))

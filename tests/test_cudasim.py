@@ -38,10 +38,8 @@ FAST = {"gemv_v1_k", "gemv_v3_k", "gemm_k", "attention_tile_k", "attention_merge
 
 
 def _env(**more):
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               **more)
-    env.pop("PRIMEWALK_BACKEND", None)
-    env.pop("PRIMEWALK_LINEAR", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("PRIMEWALK_BACKEND", "PRIMEWALK_LINEAR")}
+    env.update(NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **more)
     return env
 
 
@@ -57,7 +55,8 @@ def sim():
         print(f"CUDASIM op {c['cuda_op']:22s} {c['case']:34s} {'bitwise' if c['bitwise'] else 'DIFFERS'} "
               f"max_ulp {c['max_ulp']} {c['seconds']}s {','.join(c['kernels'])}")
     for s in res["model"]:
-        print(f"CUDASIM model {s['step']:28s} logits {'bitwise' if s['logits_bitwise'] else 'DIFFER'} digest "
+        logits = {True: "bitwise", False: "DIFFER", None: "-"}[s["logits_bitwise"]]
+        print(f"CUDASIM model {s['step']:28s} logits {logits} digest "
               f"{'equal' if s['digest_equal'] else 'DIFFERS'} {','.join(s['kernels'])}")
     return res
 
@@ -95,9 +94,10 @@ def test_cases_cross_every_dispatch_threshold(sim, op):
 
 
 def test_tiny_model_matches_cpu_bitwise(sim):
-    bad = [s["step"] for s in sim["model"] if not (s["logits_bitwise"] and s["digest_equal"])]
+    """Logits (where a step has them) and cache digests after every step."""
+    bad = [s["step"] for s in sim["model"] if s["digest_equal"] is not True or s["logits_bitwise"] is False]
     assert not bad, f"the simulated CUDA engine differs from the CPU engine at: {bad}"
-    assert len(sim["model"]) >= 12
+    assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 10
 
 
 def test_tiny_model_runs_the_fast_kernels(sim):
