@@ -27,8 +27,7 @@ import numpy as np
 
 from . import dispatch
 from .dispatch import SPLIT_MAX_STATS_BYTES
-from .elementwise import row_col
-from .exact import ATT_TILE, F32, ONE, ZERO, dot_rows, exp32, fma_chain
+from .exact import ATT_TILE, F32, ONE, ZERO, dot_rows, exp32, fma_chain, row_col
 from .tags import (barrier, body, cuda, fma, fmul, grid1, kernel, launch, launcher, prange, scratch, twin,
                    zero_pos)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .elementwise import row_col
-from .exact import F32, L2_EPS, ONE, SLICE, ZERO, add_partials, dot, dot_rows, exp32, fma_chain, sigmoid32, softplus32
+from .exact import (F32, L2_EPS, ONE, SLICE, ZERO, add_partials, dot, dot_rows, exp32, fma_chain, row_col, sigmoid32,
+                    softplus32)
 from .tags import barrier, body, cuda, fma, fmul, grid1, kernel, launch, launcher, prange, sqrt32, twin
 
 COLS = 32  # state columns per block of the fast recurrence

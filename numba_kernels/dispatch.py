@@ -3,12 +3,11 @@
 Every kernel of an op keeps the op's canonical order, so the choice never changes the bits
 (DESIGN.md §3); it only picks the fastest launch for the shape. The CPU twin has one loop per op.
 
-| op | rows R | kernel |
-|---|---|---|
-| ``linear`` | R ≤ ``GEMV_MAX_ROWS`` (4: decode, verify, MTP drafts) | GEMV, version ``GEMV_VERSION`` (``gemv_v1`` / ``gemv_v3``) |
-| ``linear`` | more | ``gemm`` (64×64 tiles) |
-| ``attention`` | R ≤ ``SPLIT_MAX_ROWS`` (16) and the per-tile statistics fit ``SPLIT_MAX_STATS_BYTES`` | ``attention_split`` (split-KV) |
-| ``attention`` | more | ``attention_tiled`` (one block per row and head) |
+- ``linear``: R ≤ ``GEMV_MAX_ROWS`` (4: decode, verify, MTP drafts) → the GEMV of version
+  ``GEMV_VERSION`` (``gemv_v1`` / ``gemv_v3``); more rows → ``gemm`` (64×64 tiles);
+- ``attention``: R ≤ ``SPLIT_MAX_ROWS`` (16), when the per-tile statistics fit
+  ``SPLIT_MAX_STATS_BYTES`` → ``attention_split`` (split-KV); otherwise ``attention_tiled`` (one
+  block per row and head).
 
 ``linear_naive``, ``attention_tiled`` and ``gdn_recurrence_naive`` stay callable on their own
 (reference launches, device checks). ``GEMV_VERSION`` comes from ``PRIMEWALK_LINEAR`` (``v1`` or

@@ -2,24 +2,17 @@
 the scalar maps (``map_exp`` … ``map_softplus``: tests and host-side sampling).
 
 Each output element is one body call: the CPU twin loops over rows and columns, the CUDA kernel
-runs one thread per element (:func:`row_col` splits its index).
+runs one thread per element (``row_col`` splits its index).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .exact import exp32, sigmoid32, silu32, softplus32
+from .exact import exp32, row_col, sigmoid32, silu32, softplus32
 from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin
 
 MAPS = {"map_exp": 0, "map_sigmoid": 1, "map_silu": 2, "map_softplus": 3}  # map op: ``which``
-
-
-@body
-def row_col(i, N):
-    """A CUDA thread's flat index over [R, N] outputs as (row, column)."""
-    r = i // N
-    return r, i - r * N
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The exact-mode arithmetic every op shares: float32 constants, our own scalar math and the
-canonical dot order.
+"""The exact-mode arithmetic every op shares: float32 constants, our own scalar math, the
+canonical dot order (and ``row_col``, a thread's flat index as row and column).
 
 These are ``@body`` functions (:mod:`numba_kernels.tags`): the front doors compile them for the
 CPU twin (``numba.njit``) and for CUDA (``numba.cuda.jit(device=True)``) with that target's
@@ -10,7 +10,7 @@ primitives, so both targets run the same float32 operations in the same order (D
   which LLVM does not contract without fast-math);
 - ``exp32``, ``log1p_unit``, ``sigmoid32``, ``softplus32``, ``silu32`` are our own (range
   reduction + polynomial in fma), never libm or libdevice;
-- ``/`` and ``sqrt`` are IEEE on both targets; literals are float32 constants.
+- ``/`` and ``sqrt32`` are IEEE on both targets; literals are float32 constants.
 
 Canonical reduction orders (independent of row counts, chunk starts and sessions):
 
@@ -179,3 +179,13 @@ def dot(a, b, n):
 def dot_rows(A, ra, ao, B, rb, bo, n):
     """Σ_i A[ra, ao+i]·B[rb, bo+i], i < n, in the canonical slice order."""
     return dot(A[ra, ao:], B[rb, bo:], n)
+
+
+# ------------------------------------------------------------------------------------------------
+# indexing
+# ------------------------------------------------------------------------------------------------
+@body
+def row_col(i, N):
+    """A CUDA thread's flat index over [R, N] outputs as (row, column)."""
+    r = i // N
+    return r, i - r * N

@@ -13,8 +13,7 @@ twins loop over outputs; the CUDA kernels run one thread per output (one per row
 
 from __future__ import annotations
 
-from .elementwise import row_col
-from .exact import ONE, ZERO, dot_rows, exp32, fma_chain, sigmoid32, silu32
+from .exact import ONE, ZERO, dot_rows, exp32, fma_chain, row_col, sigmoid32, silu32
 from .tags import body, cuda, fma, fmul, grid1, kernel, launch, launcher, prange, twin
 
 

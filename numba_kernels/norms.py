@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, silu32, fma_chain
+from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
 from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, sqrt32, twin
 
 RMS_MAX_SLICES = 1024  # rows of up to 32768 get their slice partials in parallel

@@ -79,8 +79,8 @@ def case(op, cid, args, outs, cuda_op=None, rows=None, pos=False):
         else:
             same = np.array_equal(got, want)
         bitwise &= bool(same)
-    CASES.append(dict(op=op, cuda_op=cuda_op, case=cid + ("@pos" if pos else ""), rows=rows, pos=pos, bitwise=bitwise, max_ulp=worst,
-                      kernels=sorted(kc.LAUNCHES), seconds=round(secs, 2)))
+    CASES.append(dict(op=op, cuda_op=cuda_op, case=cid + ("@pos" if pos else ""), rows=rows, pos=pos, bitwise=bitwise,
+                      max_ulp=worst, kernels=sorted(kc.LAUNCHES), seconds=round(secs, 2)))
 
 
 def primitives():
@@ -139,8 +139,8 @@ def op_cases():
     # (dk = 40) and two column groups (dv = 36), value heads sharing key heads
     for capture in (True, False):
         case("conv1d_silu", f"C20-K4-xo5-capture{int(capture)}",
-             (r(3, 25), 5, r(20, 4, scale=0.5), r(3, 20), np.zeros((3, 20), F32), 3, np.zeros((3, 3, 20), F32), capture),
-             [3, 4, 6])
+             (r(3, 25), 5, r(20, 4, scale=0.5), r(3, 20), np.zeros((3, 20), F32), 3, np.zeros((3, 3, 20), F32),
+              capture), [3, 4, 6])
     hk, nv, dk, dv = 2, 4, 40, 36
     case("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}",
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv),
@@ -148,9 +148,9 @@ def op_cases():
           np.zeros((3, nv), F32), 3), [9, 10, 11, 12])
     for ver in ("gdn_recurrence", "gdn_recurrence_naive"):
         for capture in (True, False):
-            args = (r(3, hk * dk, scale=0.15), r(3, hk * dk, scale=0.15), r(3, 3 + nv * dv), 3, -np.abs(r(3, nv, scale=0.5)),
-                    rng.uniform(0, 1, (3, nv)).astype(F32), r(nv, dk, dv, scale=0.1), np.zeros((3, nv * dv), F32), 3, dk,
-                    dv, nv // hk, np.zeros((3, nv, dk, dv), F32), capture)
+            args = (r(3, hk * dk, scale=0.15), r(3, hk * dk, scale=0.15), r(3, 3 + nv * dv), 3,
+                    -np.abs(r(3, nv, scale=0.5)), rng.uniform(0, 1, (3, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
+                    np.zeros((3, nv * dv), F32), 3, dk, dv, nv // hk, np.zeros((3, nv, dk, dv), F32), capture)
             case("gdn_recurrence", f"{ver}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12], cuda_op=ver)
     # rope and the K/V write at position 70, also with the position on the device
     ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))

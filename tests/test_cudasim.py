@@ -19,7 +19,6 @@ other bits and fails here. It runs:
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
