@@ -52,8 +52,8 @@ def load_model(path):
 
 
 def parse_ids(text: str) -> list:
-    """``"1,2,3"`` -> [1, 2, 3]; an empty item (``1,,2``), a non-integer or a negative id is
-    refused (one trailing comma is allowed)."""
+    """``"1,2,3"`` -> [1, 2, 3]; an empty item (``1,,2``) or a non-integer is refused (one
+    trailing comma is allowed; the model's vocabulary bounds the values)."""
     items = text.replace(" ", "").split(",")
     if items and items[-1] == "" and len(items) > 1:
         items = items[:-1]
@@ -65,8 +65,6 @@ def parse_ids(text: str) -> list:
                                  "integers such as 1,2,3)")
         if not re.fullmatch(r"[+-]?[0-9]+", t):
             raise PrimewalkError(f"--ids: expected comma-separated integers, got {t!r} in {text!r}")
-        if int(t) < 0:
-            raise PrimewalkError(f"--ids: token ids are non-negative, got {t}")
     return [int(t) for t in items]
 
 
