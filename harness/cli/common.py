@@ -57,7 +57,7 @@ def parse_ids(text: str) -> list:
     items = text.replace(" ", "").split(",")
     if items and items[-1] == "" and len(items) > 1:
         items = items[:-1]
-    if items == [""]:
+    if not any(items):
         raise PrimewalkError("--ids: the prompt is empty")
     for i, t in enumerate(items):
         if t == "":
