@@ -12,7 +12,7 @@ from ..matrix import runner
 from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
 from ..matrix.cells import cell_listing
 from ..matrix.diff import MAX_ROWS, diff_receipts
-from ..matrix.receipts import merge_receipts, write_receipt
+from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
 from .common import stdout_gone
 from .progress import Progress
@@ -89,9 +89,6 @@ def _golden_target(args, spec: MatrixSpec, shard: tuple) -> str | None:
 def _gate(golden: str, receipt: dict) -> int:
     """``run-matrix --golden PATH`` without --update-golden: diff the fresh receipt with the
     golden (as ``harness diff``); 0 equal, 1 drift, 2 unusable."""
-    if not os.path.exists(golden):
-        raise PrimewalkError(f"--golden: {golden} does not exist (record it first: harness run-matrix "
-                             f"--spec ... --update-golden --golden {golden})")
     result = diff_receipts(golden, receipt)
     if result.unusable:
         print(f"harness run-matrix: error: golden {golden}: {result.summary}", file=sys.stderr)
@@ -111,6 +108,12 @@ def cmd_run_matrix(args) -> int:
         print(cell_listing(spec))
         return 0
     golden = _golden_target(args, spec, shard)
+    if args.golden is not None and not args.update_golden:
+        try:  # before the run: a golden that is missing or unreadable stops it
+            read_receipt(args.golden)
+        except PrimewalkError as e:
+            raise PrimewalkError(f"--golden: {e} (record one with --update-golden --golden "
+                                 f"{args.golden})") from None
     out = golden or args.out or default_out(spec, shard)
     receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=not args.no_warmup)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
