@@ -298,6 +298,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     except ImportError:
         raise PrimewalkError("harness bench needs torch and transformers (pip install '.[oracle]')") from None
     from ..engine import backend as bk
+    from ..engine.threads import machine_load
     from ..engine.weights import load_checkpoint
     from ..synth import random_tensors
 
@@ -308,7 +309,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     rng = np.random.default_rng(seed)
     ids4096 = rng.integers(0, BENCH_8L["vocab_size"], 4096).tolist()
     ids512 = ids4096[:512]
-    t_all = time.perf_counter()
+    t_all, load0 = time.perf_counter(), machine_load()
     with tempfile.TemporaryDirectory() as folder:
         model = build_hf_model(folder, seed)
         ck = load_checkpoint(folder)
@@ -363,6 +364,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
         "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
+        "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

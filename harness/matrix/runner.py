@@ -21,14 +21,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.digests import capture_digest, continuation_digest, logits_digest
+from ..engine.digests import capture_digest, continuation_digest, logits_digest, prompt_digest
 from ..engine.model import Engine
+from ..engine.threads import machine_load
+from ..engine.tokenizer import describe as describe_tokenizer
+from ..engine.tokenizer import load_tokenizer
 from ..engine.weights import load_checkpoint
 from ..errors import PrimewalkError
 from ..walk.check import Peer, oracle_prime
 from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, run_prime
 from ..walk.speculative import continue_plain, continue_spec
-from .cells import Cell, expand
+from ..walk.warmup import warm_up
+from .cells import Cell, expand_all, note_of
 from .receipts import KIND, SCHEMA_VERSION, env_info, spec_hash, utc_now
 from .specfile import MatrixSpec
 
@@ -167,6 +171,7 @@ class _Model:
     ckpt: object
     engine: object
     ids: dict = field(default_factory=dict)  # prompt name -> ids
+    tokenizer: dict = field(default_factory=dict)  # what produced the text prompts' ids (receipt)
 
 
 def load_models(spec: MatrixSpec) -> dict:
@@ -176,10 +181,11 @@ def load_models(spec: MatrixSpec) -> dict:
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
         eng = Engine(ck, spec.backend)
-        m = _Model(name, folder, ck, eng)
+        tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
+        m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size
         for ps in spec.prompts:
-            ids = ps.ids(V)
+            ids = spec.prompt_ids(name, ps, V)
             bad = [t for t in ids if not 0 <= t < V]
             if bad:
                 raise PrimewalkError(f"{spec.where}: {ps.key}: token id {bad[0]} is out of range for "
@@ -191,7 +197,7 @@ def load_models(spec: MatrixSpec) -> dict:
 
 def model_block(models: dict) -> dict:
     blocks = {n: {"name": n, "path": m.path, "weights_sha256": m.ckpt.sha256,
-                  "config": m.ckpt.config.to_dict()} for n, m in models.items()}
+                  "config": m.ckpt.config.to_dict(), "tokenizer": m.tokenizer} for n, m in models.items()}
     if len(blocks) == 1:
         return next(iter(blocks.values()))
     joined = "".join(f"{n}={b['weights_sha256']}\n" for n, b in blocks.items())
@@ -224,16 +230,24 @@ class SilentProgress:
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
-               progress: SilentProgress | None = None) -> dict:
+               progress: SilentProgress | None = None, warmup: bool = True) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
-    :class:`SilentProgress`, the default)."""
+    :class:`SilentProgress`, the default); ``warmup``: run every engine's code paths once before
+    the first cell (:func:`~harness.walk.warmup.warm_up`), so no cell's timings include Numba
+    compiling a kernel (``warmup_s`` records how long it took)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
-    cells, notes = expand(spec)
+    load_start = machine_load()
+    cells, skipped = expand_all(spec)
+    notes = [note_of(x) for x in skipped]
     progress.notes(notes)
     models = models if models is not None else load_models(spec)
+    warm_s = 0.0
+    if warmup:
+        for m in models.values():
+            warm_s += warm_up(m.engine, max(spec.k))
     index, count = shard
     mine = [c for c in cells if c.order % count == index]
     by_id = {c.id: c for c in cells}
@@ -259,12 +273,16 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
             ilogits, icaps = indep[key]
             entry = {
                 "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
-                "prompt_len": cell.prompt.length, "variant": cell.variant,
+                "prompt_len": cell.prompt_len, "schedule": cell.schedule,
+                "resolved_points": [{"what": w, "given": g, "row": r, "rule": rule}
+                                    for w, g, r, rule in cell.resolved],
+                "variant": cell.variant,
                 "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
                 "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
                 "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
                 "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
-                "tape": raw.tape, "yields": raw.yields, "digests": dict(raw.digests),
+                "tape": raw.tape, "yields": raw.yields,
+                "digests": dict(raw.digests, prompt=prompt_digest(ids)),
                 "verdict": verdict(cell, raw, oracles[cell.oracle], np.asarray(ilogits), icaps),
                 "continuation": {"tokens": list(raw.tokens)},
                 "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
@@ -277,8 +295,10 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     B = first.engine.B
     env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
                    driver=None if spec.backend == "cpu" else B.driver())
+    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None),
+               cores=load_start["cores"], load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
     data = dict(spec.data)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": utc_now(), "env": env,
             "model": model_block(models), "spec": data, "spec_hash": spec_hash(data),
             "shard": {"index": index, "count": count}, "wall_s": time.perf_counter() - t0,
-            "notes": list(notes), "cells": out}
+            "warmup_s": warm_s, "notes": list(notes), "skipped": skipped, "cells": out}

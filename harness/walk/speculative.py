@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from .mtp_walker import run_prime
+from .mtp_walker import DEFAULT_CHUNK_ROWS, PreparedPrime, PrimeRun, run_prime
 from .sampling import Sampling, counter_uniform, draw, pick, probs
 
 STREAM_ACCEPT, STREAM_RESAMPLE = 1, 2
@@ -146,12 +146,40 @@ def continue_plain(engine, sess, prepared, max_new_tokens: int, sampling: Sampli
     return res
 
 
+def prime_trunk(engine, sess, prompt, sampling: Sampling, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> PrimeRun:
+    """Prime the trunk alone (a model without an MTP head): the prompt in batched chunks of
+    ``chunk_rows``, then the boundary token and one target step on it, which is all plain
+    decoding needs. In exact mode these are the walker's bits (rows do not depend on how they are
+    batched), so plain decoding gives the same tokens either way."""
+    t0 = time.perf_counter()
+    prompt = [int(t) for t in prompt]
+    engine.check_ids(prompt)
+    base, run = sess.cache.pos, PrimeRun(None)
+    logits = None
+    for lo in range(0, len(prompt), chunk_rows):
+        t1 = time.perf_counter()
+        logits, _ = engine.prime_chunk(sess, prompt[lo:lo + chunk_rows])
+        run.tape.append(("trunk", len(prompt[lo:lo + chunk_rows])))
+        run.chunk_wall_s.append(time.perf_counter() - t1)
+    boundary = pick(logits, sampling, sess.session_id, base + len(prompt))
+    init_logits, init_h = engine.target_step(sess, [boundary])
+    engine.B.synchronize()
+    run.wall_s = time.perf_counter() - t0
+    run.prepared = PreparedPrime(prompt, base, np.array(logits, np.float32), boundary, init_logits[0],
+                                 np.array(engine.host(init_h), np.float32), None, 0, sampling, run.wall_s)
+    return run
+
+
 def generate(engine, prompt, max_new_tokens: int, k: int, sampling: Sampling = None, speculative=True,
              max_ctx=None, **walker_kw):
-    """Prime ``prompt`` with the walker on a new session, then continue (speculatively with
-    K drafts, or plainly). Returns (GenResult, PrimeRun)."""
+    """Prime ``prompt`` on a new session, then continue (speculatively with K drafts, or
+    plainly). The prime is the MTP walker's; plain decoding on a model without an MTP head primes
+    the trunk alone (:func:`prime_trunk`). Returns (GenResult, PrimeRun)."""
     s = sampling or Sampling()
     sess = engine.new_session(max_ctx or (len(prompt) + max_new_tokens + k + 8))
+    if not speculative and not engine.has_mtp:
+        run = prime_trunk(engine, sess, prompt, s, walker_kw.get("chunk_rows", DEFAULT_CHUNK_ROWS))
+        return continue_plain(engine, sess, run.prepared, max_new_tokens, s), run
     run = run_prime(engine, sess, prompt, k, sampling=s, **walker_kw)
     if speculative:
         res = continue_spec(engine, sess, run.prepared, max_new_tokens, k, s)
