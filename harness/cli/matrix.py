@@ -214,9 +214,15 @@ def _register_diff_merge(subparsers) -> None:
 
 def _cmd_plot(args) -> int:
     from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
+    from ..matrix.receipts import read_receipt
 
     try:
-        written = plot_receipt(args.receipt)
+        if read_receipt(args.receipt).get("kind") == "fairness":
+            from ..fairness.plots import plot_fairness
+
+            written = plot_fairness(args.receipt)
+        else:
+            written = plot_receipt(args.receipt)
     except PrimewalkError as e:
         print(f"harness plot: error: {e}", file=sys.stderr)
         return 2
@@ -228,8 +234,9 @@ def _cmd_plot(args) -> int:
 def _register_plot(subparsers) -> None:
     p = subparsers.add_parser(
         "plot", help="draw a receipt's figures as PNGs next to it",
-        description="Draw the verdict grid, acceptance and throughput figures of a receipt as "
-                    "<stem>.<figure>.png beside it; figures without data are skipped.",
+        description="Draw the verdict grid, acceptance and throughput figures of a receipt (the timeline "
+                    "and first-event figures of a fairness receipt) as <stem>.<figure>.png beside it; "
+                    "figures without data are skipped.",
         epilog="examples:\n"
                "  harness plot receipts/golden/default.json\n"
                "  harness plot out/default.json && ls out/default.*.png",
