@@ -44,7 +44,8 @@ def report(receipt: dict, path: str, plots) -> str:
     for p in receipt["policies"]:
         lines.append(f"{p['label']:>12}: peers' first event p50 {_fmt(p['peers_p50_s'])} p95 {_fmt(p['peers_p95_s'])} "
                      f"max {_fmt(p['peers_max_s'])}; long prompt's first token {_fmt(p['long_ttft_s'])} "
-                     f"({_fmt(p['long_ttft_over_alone'], '')} x alone); longest tick {_fmt(p['longest_tick_s'])}, "
+                     + (f"(x{p['long_ttft_over_alone']:.3f} alone)" if p["long_ttft_over_alone"] is not None else "")
+                     + f"; longest tick {_fmt(p['longest_tick_s'])}, "
                      f"hold {_fmt(p['longest_hold_s'])}")
     for g in receipt["goals"]:
         state = {True: "met", False: "NOT met", None: "not measurable"}[g["met"]]
@@ -73,7 +74,7 @@ def cmd_fairness(args) -> int:
         if why:
             raise PrimewalkError(f"--update-golden only records a built-in fairness spec on the cpu backend to "
                                  f"{_rel(spec.golden)}; here " + ", ".join(why))
-    out = spec.golden if args.update_golden else (args.out or default_out(spec))
+    out = os.path.relpath(spec.golden) if args.update_golden else (args.out or default_out(spec))
     log = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     receipt = run_fairness(spec, log=log)
     failed = receipt["verdict"]["status"] != "bitwise"

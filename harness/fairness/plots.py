@@ -92,10 +92,10 @@ def first_event_figure(receipt: dict):
         offsets = np.linspace(-0.18, 0.18, len(vs)) if len(vs) > 1 else np.zeros(1)
         left.plot(x + offsets, vs, marker="o", markersize=4, linestyle="none", color="#1f77b4", alpha=0.8)
         pct = p["peers_first_event_latency_s"]
-        for name, style in (("p50", ":"), ("p95", "-")):
+        for name, style, dy, va in (("p50", ":", -1, "top"), ("p95", "-", 1, "bottom")):
             left.hlines(pct[name], x - 0.3, x + 0.3, colors="black", linestyles=style, linewidth=1)
             left.annotate(f"{name} {pct[name]:.3g} s", (x + 0.3, pct[name]), textcoords="offset points",
-                          xytext=(3, -3), fontsize=7)
+                          xytext=(3, dy), va=va, fontsize=7)
     if not flat:
         left.text(0.5, 0.5, "no peers", transform=left.transAxes, ha="center", va="center")
     elif max(flat) / min(flat) > 30:
