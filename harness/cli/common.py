@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from ..errors import PrimewalkError
 
 
@@ -50,3 +52,15 @@ def prompt_ids(args) -> list:
     if text is None or text == "":
         raise PrimewalkError("the prompt is empty (give --ids or --text)")
     return tokenizer.encode(text)
+
+
+def write_and_plot(out: str, receipt: dict, write, plot: str, args):
+    """Write ``receipt`` to ``out`` with ``write(out, receipt)``, then, unless ``--no-plots``, its
+    figures with the function ``plot`` names (``"module:function"``, imported only then: it
+    imports matplotlib), called as ``function(out, quiet=args.quiet)``. Returns the figure paths,
+    or None."""
+    write(out, receipt)
+    if args.no_plots:
+        return None
+    module, name = plot.split(":")
+    return getattr(importlib.import_module(module), name)(out, quiet=args.quiet)

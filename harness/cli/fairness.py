@@ -10,6 +10,7 @@ import sys
 from ..errors import PrimewalkError
 from ..fairness.specfile import BACKENDS, GOLDEN_DIR, SPECS_DIR, load_spec
 from ..matrix.builtin import REPO
+from .common import write_and_plot
 
 
 def default_out(spec) -> str:
@@ -82,12 +83,7 @@ def cmd_fairness(args) -> int:
         out = default_out(spec)
         print(f"harness fairness: a session differs; the golden is NOT updated (receipt written to {out})",
               file=sys.stderr)
-    write_fairness_receipt(out, receipt)
-    plots = None
-    if not args.no_plots:
-        from ..fairness.plots import plot_fairness  # matplotlib: only when drawing
-
-        plots = plot_fairness(out, quiet=args.quiet)
+    plots = write_and_plot(out, receipt, write_fairness_receipt, "harness.fairness.plots:plot_fairness", args)
     print(report(receipt, out, plots))
     return 1 if failed else 0
 

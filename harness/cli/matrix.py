@@ -13,6 +13,7 @@ from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
 from ..matrix.diff import diff_receipts
 from ..matrix.receipts import merge_receipts, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
+from .common import write_and_plot
 from .progress import Progress
 
 
@@ -83,12 +84,7 @@ def cmd_run_matrix(args) -> int:
         out = default_out(spec, shard)
         print(f"harness run-matrix: {failed} cell(s) failed; the golden is NOT updated (receipt "
               f"written to {out} instead)", file=sys.stderr)
-    write_receipt(out, receipt)
-    plots = None
-    if not args.no_plots:
-        from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
-
-        plots = plot_receipt(out, quiet=args.quiet)
+    plots = write_and_plot(out, receipt, write_receipt, "harness.matrix.plots:plot_receipt", args)
     print(summary_line(receipt, out, plots))
     return 1 if failed else 0
 

@@ -53,13 +53,13 @@ import hashlib
 import json
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import PrimewalkError
 from ..matrix.builtin import REPO
+from ..matrix.specfile import EMBEDDED, _resolve_model, read_text_file, read_toml
 from ..walk.sampling import Sampling
 from ..walk.scheduler import Policy
 from ..walk.schedule import PRIME_MIN_T
@@ -67,7 +67,6 @@ from ..walk.schedule import PRIME_MIN_T
 HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS_DIR = os.path.join(HARNESS, "specs", "fairness")  # the built-in fairness specs
 GOLDEN_DIR = os.path.join(REPO, "receipts", "fairness")  # ... and their receipts
-EMBEDDED = "tiny"
 BACKENDS = ("cpu", "cuda")
 ARRIVAL_UNITS = ("s", "long_prime")
 TOP_KEYS = ("description", "backend", "model", "chunk_rows", "fill_chunk", "arrival_unit", "policies",
@@ -242,14 +241,6 @@ def _cycled(p, key, v, parse):
     return None if any(x is None for x in out) else out
 
 
-def _resolve_model(base_dir: str, path: str) -> str:
-    if path == EMBEDDED:
-        from ..models import default_model_path
-
-        return default_model_path()
-    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
-
-
 # ------------------------------------------------------------------------------------------------
 # reading
 # ------------------------------------------------------------------------------------------------
@@ -259,13 +250,7 @@ def load_spec(path: str, backend: str | None = None, model: str | None = None) -
     path = os.fspath(path)
     stem = _builtin_stem(path)
     where = os.path.relpath(os.path.realpath(path), REPO) if stem else path
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
+    data = read_toml(path, where)
     spec = parse_spec(data, where=where, base_dir=os.path.dirname(os.path.abspath(path)), backend=backend,
                       model=model)
     spec.builtin = stem
@@ -401,19 +386,10 @@ def _prompt(p, key, table, base_dir):
     if not isinstance(path, str) or not path:
         p.expect(f"{key}.path", "a text file path (relative to the spec)", path)
         return None
-    full = path if os.path.isabs(path) else os.path.join(base_dir, path)
     try:
-        with open(full, "rb") as f:
-            raw = f.read()
-        text = raw.decode("utf-8")
-    except OSError as e:
-        p.add(f"{key}.path", f"cannot read {path} ({e.strerror or e})")
-        return None
-    except UnicodeDecodeError:
-        p.add(f"{key}.path", f"{path} is not UTF-8 text")
-        return None
-    if not text:
-        p.add(f"{key}.path", f"{path} is empty")
+        raw, text = read_text_file(base_dir, path)
+    except ValueError as e:
+        p.add(f"{key}.path", str(e))
         return None
     ids = tuple(tokenizer.encode(text))
     return len(ids), None, ids, {"path": path, "sha256": hashlib.sha256(raw).hexdigest()}
