@@ -14,6 +14,9 @@ round then:
    removed (standard speculative sampling for a point-mass draft), then the bonus token;
 4. roll the trunk back to the last accepted row (GDN state from the capture, K/V length).
 
+:class:`SpecStream` / :class:`PlainStream` run one round / one decode step per ``step()`` (the
+scheduler's units); :func:`continue_spec` / :func:`continue_plain` loop over them.
+
 Greedy speculative output equals plain greedy decoding token for token: verify rows are bitwise
 the decode steps (exact mode), and argmax is a function of those bits.
 
