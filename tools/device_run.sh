@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU evidence, run on the device machine from the repository root:
-#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|all]
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|fairness|all]
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
@@ -10,11 +10,13 @@
 #        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
 #        on the CPU twin, the same spec on CUDA, digests compared; and whether the first timed
 #        chunk of the default matrix still carries compilation (it must not: warm-up).
+# fairness: harness fairness on bench-8l (a 32,768-token prime beside 8 peers, drain vs yield;
+#        tools/make_bench8l.py writes the model to out/bench-8l first): receipt and figures.
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|all]}
-what=${2:-all}  # check | bench | own | all
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|all]}
+what=${2:-all}  # check | bench | own | fairness | all
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -98,5 +100,11 @@ PY
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
+fi
+if [ "$what" = fairness ] || [ "$what" = all ]; then
+  [ -f out/bench-8l/config.json ] || python tools/make_bench8l.py --out out/bench-8l > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"
+  python -m harness.cli fairness --spec harness/specs/fairness/bench-8l.toml --backend cuda \
+    --out "$res/h200-bench-8l.json" > "$res/fairness.log" 2>&1 || echo "fairness exit $?"
+  tail -8 "$res/fairness.log"
 fi
 tar cf "$out/results.tar" -C "$out" results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -87,3 +88,15 @@ def prompt_ids(args, ck) -> list:
     if text is None or text == "":
         raise PrimewalkError("the prompt is empty (give --ids or --text)")
     return encode_text(model_tokenizer(ck), text, ck.path, ck.config.vocab_size, "--text")
+
+
+def write_and_plot(out: str, receipt: dict, write, plot: str, args):
+    """Write ``receipt`` to ``out`` with ``write(out, receipt)``, then, unless ``--no-plots``, its
+    figures with the function ``plot`` names (``"module:function"``, imported only then: it
+    imports matplotlib), called as ``function(out, quiet=args.quiet)``. Returns the figure paths,
+    or None."""
+    write(out, receipt)
+    if args.no_plots:
+        return None
+    module, name = plot.split(":")
+    return getattr(importlib.import_module(module), name)(out, quiet=args.quiet)

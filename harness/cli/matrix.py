@@ -14,7 +14,7 @@ from ..matrix.cells import cell_listing
 from ..matrix.diff import MAX_ROWS, diff_receipts
 from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
-from .common import stdout_gone
+from .common import stdout_gone, write_and_plot
 from .progress import Progress
 
 
@@ -121,12 +121,7 @@ def cmd_run_matrix(args) -> int:
         out = default_out(spec, shard)
         print(f"harness run-matrix: {failed} cell(s) failed; the golden is NOT updated (receipt "
               f"written to {out} instead)", file=sys.stderr)
-    write_receipt(out, receipt)
-    plots = None
-    if not args.no_plots:
-        from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
-
-        plots = plot_receipt(out, quiet=args.quiet)
+    plots = write_and_plot(out, receipt, write_receipt, "harness.matrix.plots:plot_receipt", args)
     print(summary_line(receipt, out, plots))
     code = 1 if failed else 0
     if args.golden is not None and not args.update_golden:
@@ -277,9 +272,15 @@ def _register_diff_merge(subparsers) -> None:
 
 def _cmd_plot(args) -> int:
     from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
+    from ..matrix.receipts import read_receipt
 
     try:
-        written = plot_receipt(args.receipt)
+        if read_receipt(args.receipt).get("kind") == "fairness":
+            from ..fairness.plots import plot_fairness
+
+            written = plot_fairness(args.receipt)
+        else:
+            written = plot_receipt(args.receipt)
     except PrimewalkError as e:
         print(f"harness plot: error: {e}", file=sys.stderr)
         return 2
@@ -291,8 +292,9 @@ def _cmd_plot(args) -> int:
 def _register_plot(subparsers) -> None:
     p = subparsers.add_parser(
         "plot", help="draw a receipt's figures as PNGs next to it",
-        description="Draw the verdict grid, acceptance and throughput figures of a receipt as "
-                    "<stem>.<figure>.png beside it; figures without data are skipped.",
+        description="Draw the verdict grid, acceptance and throughput figures of a receipt (the timeline "
+                    "and first-event figures of a fairness receipt) as <stem>.<figure>.png beside it; "
+                    "figures without data are skipped.",
         epilog="examples:\n"
                "  harness plot receipts/golden/default.json\n"
                "  harness plot out/default.json && ls out/default.*.png",

@@ -455,11 +455,12 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def render(receipt: dict, stem: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """Write every figure of ``receipt`` as ``<stem>.<name>.png``; returns (written, skipped)."""
+def render(receipt: dict, stem: str, figures=FIGURES) -> tuple[list[str], list[tuple[str, str]]]:
+    """Write every figure of ``receipt`` (``figures``: (name, builder) pairs) as
+    ``<stem>.<name>.png``; returns (written, skipped)."""
     written, skipped = [], []
     with matplotlib.style.context("default"):
-        for name, build in FIGURES:
+        for name, build in figures:
             try:
                 fig = build(receipt)
             except NoData as e:

@@ -32,6 +32,10 @@ diffs and plots, see :data:`READABLE_SCHEMAS` and :data:`FIELD_SINCE`)::
                 "timings": {"prime_s", "prime_tokens_per_s", "chunk_wall_s": [...],
                             "decode_tokens_per_s", "spec_tokens_per_s"}}, ...]}
 
+A ``"fairness"`` receipt (``harness fairness``, :mod:`harness.fairness.receipt`) follows the same
+schema with one cell per (run, session) and a few top-level blocks of its own; everything here
+reads it as well.
+
 Which fields a diff compares and which are only recorded is the one table :data:`FIELD_ROLES`.
 Floats must be finite (JSON has no NaN): a non-finite number is refused at write time.
 """
@@ -55,6 +59,9 @@ from ..errors import PrimewalkError
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # what this harness reads, diffs, merges and plots
 KIND = "matrix"
+# Receipts of these kinds share this schema, their cells' shape and FIELD_ROLES: a "fairness"
+# receipt (harness.fairness) has one cell per (run, session), so diff and load work on it too.
+KINDS = (KIND, "fairness")
 
 # Top-level spec keys left out of spec_hash: receipts of one spec on two backends share a hash.
 SPEC_HASH_EXCLUDED = ("backend", "source")
@@ -277,8 +284,9 @@ def validate(receipt, where: str = "receipt") -> None:
     if not isinstance(receipt, dict):
         raise PrimewalkError(f"{where}: not a receipt (a JSON object is expected, got "
                              f"{type(receipt).__name__})")
-    if "kind" in receipt and receipt["kind"] != KIND:
-        raise PrimewalkError(f"{where}: a {receipt['kind']!r} receipt, not a {KIND!r} receipt")
+    if "kind" in receipt and receipt["kind"] not in KINDS:
+        raise PrimewalkError(f"{where}: a {receipt['kind']!r} receipt, not a {KIND!r} receipt "
+                             "(or a 'fairness' one)")
     for key in REQUIRED_KEYS:
         if key not in receipt:
             raise PrimewalkError(f"{where}: not a receipt (no '{key}')")
@@ -392,6 +400,8 @@ def _readable() -> str:
 def regenerate_command(receipt: dict, path: str) -> str:
     spec = receipt.get("spec") if isinstance(receipt.get("spec"), dict) else {}
     source = spec.get("source") or "default"
+    if receipt.get("kind") == "fairness":
+        return f"harness fairness --spec {source} --out {path}"
     return f"harness run-matrix --spec {source} --out {path}"
 
 

@@ -309,17 +309,40 @@ def load_spec(path: str | None = None, backend: str | None = None, model: str | 
         source = "default" if stem == "default" else where
     else:
         where = source = full
-    try:
-        with open(full, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
+    data = read_toml(full, where)
     spec = parse_spec(data, where=where, source=source,
                       base_dir=os.path.dirname(os.path.abspath(full)), backend=backend, model=model)
     spec.builtin = stem
     return spec
+
+
+def read_toml(path: str, where: str) -> dict:
+    """The parsed TOML file at ``path``; a one-line error naming ``where`` if it cannot be read
+    or parsed."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
+
+
+def read_text_file(base_dir: str, path: str) -> tuple[bytes, str]:
+    """The bytes and the UTF-8 text of the prompt file ``path`` (relative to ``base_dir``);
+    ValueError says why not (unreadable, not UTF-8, empty)."""
+    full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+    try:
+        with open(full, "rb") as f:
+            raw = f.read()
+        text = raw.decode("utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"{path} is empty")
+    return raw, text
 
 
 def parse_spec(data: dict, where: str = "spec.toml", source: str | None = None,
@@ -527,17 +550,10 @@ def _prompt_entry(w, key, i, p, base_dir, labels):
         path = p.get("path")
         if not isinstance(path, str) or not path:
             w.expect(f"{key}.path", "a text file path (relative to the spec)", path)
-        full = path if os.path.isabs(path) else os.path.join(base_dir, path)
         try:
-            with open(full, "rb") as f:
-                raw = f.read()
-            text = raw.decode("utf-8")
-        except OSError as e:
-            w.fail(f"{key}.path", f"cannot read {path} ({e.strerror or e})")
-        except UnicodeDecodeError:
-            w.fail(f"{key}.path", f"{path} is not UTF-8 text")
-        if not text:
-            w.fail(f"{key}.path", f"{path} is empty")
+            raw, text = read_text_file(base_dir, path)
+        except ValueError as e:
+            w.fail(f"{key}.path", str(e))
         stem = name or _safe_stem(path)
         added.append(PromptSpec(stem, kind, f"{key}.path", None, k=pk, sampling=psamp, text=text))
         norm.update(path=path, sha256=hashlib.sha256(raw).hexdigest())
