@@ -152,6 +152,7 @@ if SIMULATED:
     def sel(c, a, b):
         return a if c else b
 
+    @cuda.jit(device=True)  # a simulated device function: its ``cuda`` is the running block's
     def xput(xb, w, lane, a, b):
         xb[0, w, lane] = a
         xb[1, w, lane] = b
@@ -160,6 +161,7 @@ if SIMULATED:
     def xget(xb, w, which, v, src):
         return xb[which, w, src]
 
+    @cuda.jit(device=True)
     def xdone(xb):
         cuda.syncthreads()
 
