@@ -345,7 +345,7 @@ def _loader(c, buf, stride, arr, kstart, nk):
         if c.cpa:
             op = f"cp16f(sm, ld_, {arr}, ls_, {rs})" if w == 4 else f"cp4f(sm, ld_, {arr}, ls_, {rs})"
         else:
-            op = (f"x0, x1, x2, x3 = ld4gf({arr}, ls_, {rs})\nst4(sm, ld_, x0, x1, x2, x3)" if w == 4
+            op = (f"x0, x1, x2, x3 = ld4gf({arr}, ls_, {rs})\nsts4(sm, ld_, x0, x1, x2, x3)" if w == 4
                   else f"x0 = {arr}[({kstart}) + lj_, ko + lcol]\nsm[ld_] = x0")
         return _flat("lj_ = lj",
                      f"ld_ = {buf} + lj * {stride} + lcol",
