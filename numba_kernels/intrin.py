@@ -46,8 +46,9 @@ import numpy as np
 from numba import cuda
 from numba.core import config as _nb_config
 
+from .exact import F32
+
 SIMULATED = bool(_nb_config.ENABLE_CUDASIM)
-F32 = np.float32
 _FULL = 0xFFFFFFFF
 
 if SIMULATED:
@@ -486,11 +487,11 @@ else:
         pass
 
 
-NAMES = ("lds1", "sts1", "lds2", "lds4", "sts4", "ldg4", "ldgz4", "ldg4p", "ldg1p", "ldgh4p", "ldgh1p", "ld4g",
+PRIMITIVES = ("lds1", "sts1", "lds2", "lds4", "sts4", "ldg4", "ldgz4", "ldg4p", "ldg1p", "ldgh4p", "ldgh1p", "ld4g",
          "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp_commit", "cp_wait0", "cp_wait1", "sel", "xput", "xget", "xdone")
 
 
 def bindings() -> dict:
     """{name: primitive} for the namespace generated kernels are compiled in."""
     g = globals()
-    return {n: g[n] for n in NAMES}
+    return {n: g[n] for n in PRIMITIVES}

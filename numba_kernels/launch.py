@@ -45,7 +45,6 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
     np.row_stack = np.vstack
 
 from numba import cuda  # noqa: E402
-from numba.core import config as _nb_config  # noqa: E402
 from numba.core.errors import NumbaPerformanceWarning  # noqa: E402
 
 from . import intrin  # noqa: E402
@@ -54,7 +53,7 @@ from .tags import STATIC_SMEM  # noqa: E402
 
 warnings.simplefilter("ignore", NumbaPerformanceWarning)  # small grids are expected for decode
 
-SIMULATED = bool(_nb_config.ENABLE_CUDASIM)
+from .intrin import SIMULATED  # noqa: E402
 TPB = 128  # threads per block of the one-thread-per-output kernels
 dev = cuda.jit(device=True)
 
