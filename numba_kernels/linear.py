@@ -500,7 +500,7 @@ class GemmCfg:
                 f"_w{self.wkind}")
 
 
-# the explored variants (tools/probe_gemm.py); the default serves the dispatch table
+# the explored variants (the H200 probes of receipts/probes/); the default serves the dispatch table
 GEMM_VARIANTS = {
     "rp128x128k32": GemmCfg(BK=32),
     "rp128x128k16": GemmCfg(BK=16),

@@ -154,12 +154,15 @@ def op_cases():
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv),
           F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
           np.zeros((3, nv), F32), 3), [9, 10, 11, 12])
-    for ver in ("gdn_recurrence", "gdn_recurrence_naive"):  # (the fast recurrence: tests/test_sim_gdn.py too)
+    # (the fast recurrence's own variants: tests/test_sim_gdn.py)
+    for ver, R in (("gdn_recurrence", 1), ("gdn_recurrence", 3), ("gdn_recurrence", 9), ("gdn_recurrence_fast", 3),
+                   ("gdn_recurrence_naive", 3)):
         for capture in (True, False):
-            args = (r(3, hk * dk, scale=0.15), r(3, hk * dk, scale=0.15), r(3, 3 + nv * dv), 3,
-                    -np.abs(r(3, nv, scale=0.5)), rng.uniform(0, 1, (3, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
-                    np.zeros((3, nv * dv), F32), 3, dk, dv, nv // hk, np.zeros((3, nv, dk, dv), F32), capture)
-            case("gdn_recurrence", f"{ver}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12], cuda_op=ver)
+            args = (r(R, hk * dk, scale=0.15), r(R, hk * dk, scale=0.15), r(R, 3 + nv * dv), 3,
+                    -np.abs(r(R, nv, scale=0.5)), rng.uniform(0, 1, (R, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
+                    np.zeros((R, nv * dv), F32), R, dk, dv, nv // hk, np.zeros((R, nv, dk, dv), F32), capture)
+            case("gdn_recurrence", f"{ver}-R{R}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12],
+                 cuda_op=ver, rows=R)
     # rope and the K/V write at position 70, also with the position on the device
     ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))
     cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)

@@ -106,7 +106,7 @@ def test_tiny_model_matches_cpu_bitwise(sim):
     """Logits (where a step has them) and cache digests after every step."""
     bad = [s["step"] for s in sim["model"] if s["digest_equal"] is not True or s["logits_bitwise"] is False]
     assert not bad, f"the simulated CUDA engine differs from the CPU engine at: {bad}"
-    assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 10
+    assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 9
 
 
 def test_tiny_model_runs_the_fast_kernels(sim):

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
+from .evidence import REPO, evidence_block
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -363,6 +364,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
         "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
+        **evidence_block(REPO),
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result
