@@ -8,7 +8,9 @@ threads. Shapes and contracts: the family modules' docstrings.
 
 The CPU primitives: ``fma`` is the ``llvm.fma.f32`` intrinsic (one rounding), ``fmul`` a plain
 float32 multiply (LLVM does not contract without fast-math), ``sqrt32`` ``math.sqrt`` on a
-float32 (``llvm.sqrt.f32``), ``bits_to_f32`` an LLVM bitcast, ``barrier`` nothing (one lane).
+float32 (``llvm.sqrt.f32``), ``bits_to_f32`` an LLVM bitcast, ``widen`` a weight element as
+float32 (a bf16 bit pattern, uint16, widened exactly: its bits shifted up by 16; anything else
+converted), ``barrier`` nothing (one lane).
 """
 
 from __future__ import annotations
@@ -102,6 +104,25 @@ def _bits_to_f32(typingctx, i):
     return sig, codegen
 
 
+def widen_intrinsic(typingctx, x):
+    """``widen(x)``: a uint16 is a bf16 bit pattern, widened exactly (``bits_to_f32(x << 16)``); any
+    other number is converted to float32 (a float32 stays itself). The CUDA target compiles the
+    same typing and code (:mod:`numba_kernels.launch`)."""
+    if isinstance(x, types.Integer) and x.bitwidth == 16 and not x.signed:
+        def codegen(context, builder, signature, args):
+            u = builder.zext(args[0], ir.IntType(32))
+            return builder.bitcast(builder.shl(u, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+    elif isinstance(x, (types.Integer, types.Float)):
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[0], signature.args[0], types.float32)
+    else:
+        return None
+    return types.float32(x), codegen
+
+
+widen = intrinsic(widen_intrinsic)
+
+
 @njit(inline="always")
 def fma(a, b, c):
     return _fma(np.float32(a), np.float32(b), np.float32(c))
@@ -133,7 +154,8 @@ def _jit_twin(f, t):
 
 
 _NS, OPS = tags.build(FAMILIES, __name__,
-                      dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, barrier=barrier, prange=prange),
+                      dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, barrier=barrier,
+                           prange=prange),
                       {"body": lambda f, t: njit(cache=True)(f), "twin": _jit_twin})
 BODIES = {f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")}
 globals().update(tags.constants(FAMILIES))

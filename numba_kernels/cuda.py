@@ -4,31 +4,30 @@ the family modules and bit-identical to the twins.
 Import this module only when the CUDA backend is chosen: importing the package never touches
 CUDA. Every kernel's threads compute their outputs with the same ``@body`` functions as
 :mod:`numba_kernels.cpu`, compiled as device functions with this target's primitives
-(:mod:`numba_kernels.launch`); which kernel serves a launch is :mod:`numba_kernels.dispatch`'s
-table. Beyond the ops: the versions (``linear_naive``, ``gemv_v1``, ``gemv_v3``, ``gemm``,
-``attention_tiled``, ``attention_split``, ``gdn_recurrence_naive``),
-``capture`` / ``Graph`` (captured steps), ``zero_pos`` and ``SIMULATED``.
-
-``PRIMEWALK_LINEAR`` (v1 | v3) picks the decode GEMV at import (``dispatch.GEMV_VERSION``);
-another value is a ValueError.
+(:mod:`numba_kernels.launch`); the generated kernels (``@generator``) are compiled per
+configuration in this namespace; which kernel serves a launch is :mod:`numba_kernels.dispatch`'s
+table. Beyond the ops: the versions (``linear_naive``, ``gemv``, ``gemm``, ``attention_tiled``,
+``attention_split``, ``attention_prime``, ``gdn_recurrence_naive``, ``gdn_recurrence_fast``),
+``capture`` / ``Graph`` (captured steps), ``zero_pos``, ``generated`` and ``SIMULATED``.
 """
 
 from __future__ import annotations
 
 from numba import cuda as _cuda
 
-from . import dispatch, launch, tags
+from . import launch, tags
 from .cpu import FAMILIES
-
-dispatch.GEMV_VERSION = dispatch.gemv_version_from_env()
 
 SIMULATED = launch.SIMULATED
 capture, Graph, zero_pos, LAUNCHES = launch.capture, launch.Graph, launch.zero_pos, launch.LAUNCHES
+generated = launch.generated
 
 _NS, OPS = tags.build(FAMILIES, __name__, launch.bindings(),
                       {"body": lambda f, t: _cuda.jit(device=True)(f), "kernel": lambda f, t: _cuda.jit(f),
-                       "launcher": lambda f, t: f})
+                       "launcher": lambda f, t: f, "generator": lambda f, t: f})
+launch.set_namespace(_NS)
 VERSIONS = {f.__name__: t["of"] for f, t in tags.tagged(FAMILIES, "launcher") if t["of"]}  # version: its op
+GENERATORS = {f.__name__: f for f, _ in tags.tagged(FAMILIES, "generator")}
 globals().update(tags.constants(FAMILIES))
 globals().update({f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")})
 globals().update(OPS)

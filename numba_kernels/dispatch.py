@@ -3,33 +3,36 @@
 Every kernel of an op keeps the op's canonical order, so the choice never changes the bits
 (DESIGN.md §3); it only picks the fastest launch for the shape. The CPU twin has one loop per op.
 
-- ``linear``: R ≤ ``GEMV_MAX_ROWS`` (4: decode, verify, MTP drafts) → the GEMV of version
-  ``GEMV_VERSION`` (``gemv_v1`` / ``gemv_v3``); more rows → ``gemm`` (64×64 tiles);
+- ``linear``: R ≤ ``GEMV_MAX_ROWS`` (8: decode, verify, MTP drafts) → ``gemv``, built for the
+  row bucket of ``GEMV_BUCKETS`` that holds R (R = 3 runs the 4-row kernel, R = 6, 7 the 8-row
+  one); more rows → ``gemm`` (128×128 tiles);
 - ``attention``: R ≤ ``SPLIT_MAX_ROWS`` (16), when the per-tile statistics fit
-  ``SPLIT_MAX_STATS_BYTES`` → ``attention_split`` (split-KV); otherwise ``attention_tiled`` (one
-  block per row and head).
+  ``SPLIT_MAX_STATS_BYTES`` → ``attention_split`` (split-KV decode: one block per 64-key tile and
+  KV head, for all the query vectors of its group; the block size is the smallest of
+  ``SPLIT_BLOCKS`` that holds R · hq / hkv vectors); otherwise ``attention_prime`` (query tiles of
+  64 rows); head dims too large for their shared memory → ``attention_tiled``;
+- ``gdn_recurrence``: every row count → ``gdn_recurrence_fast``.
 
-``linear_naive``, ``attention_tiled`` and ``gdn_recurrence_naive`` stay callable on their own
-(reference launches, device checks). ``GEMV_VERSION`` comes from ``PRIMEWALK_LINEAR`` (``v1`` or
-``v3``, default ``v3``) when :mod:`numba_kernels.cuda` is imported; set it here to pick another.
+The per-shape configuration inside a kernel (the GEMV's warp shape per (N, K, R), the GEMM's
+loaders) is its family's (:func:`numba_kernels.linear.gemv_pick`, ...). ``linear_naive``,
+``attention_tiled`` and ``gdn_recurrence_naive`` stay callable on their own (reference launches,
+device checks).
 """
 
 from __future__ import annotations
 
-import os
-
-GEMV_MAX_ROWS = 4
+GEMV_MAX_ROWS = 8
+GEMV_BUCKETS = (1, 2, 4, 5, 8)  # rows a GEMV kernel is built for (the last is GEMV_MAX_ROWS)
 SPLIT_MAX_ROWS = 16
 SPLIT_MAX_STATS_BYTES = 256 * 1024 * 1024
-GEMV_VERSIONS = ("v1", "v3")
+SPLIT_BLOCKS = ("s8", "s16", "s32", "s64")  # split-KV blocks by the query vectors they hold
 
 # op: ((most rows, kernel), ..., (None, kernel for the rest))
 TABLE = {
     "linear": ((GEMV_MAX_ROWS, "gemv"), (None, "gemm")),
-    "attention": ((SPLIT_MAX_ROWS, "attention_split"), (None, "attention_tiled")),
+    "attention": ((SPLIT_MAX_ROWS, "attention_split"), (None, "attention_prime")),
+    "gdn_recurrence": ((None, "gdn_recurrence_fast"),),
 }
-
-GEMV_VERSION = "v3"
 
 
 def pick(op: str, R: int) -> str:
@@ -38,11 +41,3 @@ def pick(op: str, R: int) -> str:
         if most is None or R <= most:
             return name
     raise AssertionError(f"dispatch table of {op} has no catch-all row")
-
-
-def gemv_version_from_env(env=os.environ) -> str:
-    """``PRIMEWALK_LINEAR`` (v1 | v3, default v3); anything else is a ValueError."""
-    v = env.get("PRIMEWALK_LINEAR", "v3")
-    if v not in GEMV_VERSIONS:
-        raise ValueError(f"PRIMEWALK_LINEAR={v!r}: expected v1 or v3")
-    return v

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import exp32, row_col, sigmoid32, silu32, softplus32
-from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin
+from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin, widen
 
 MAPS = {"map_exp": 0, "map_sigmoid": 1, "map_silu": 2, "map_softplus": 3}  # map op: ``which``
 
@@ -53,12 +53,12 @@ def map_cuda(x, out, which):
 # ------------------------------------------------------------------------------------------------
 @body
 def embed_at(ids, table, out, r, c):
-    out[r, c] = table[ids[r], c]
+    out[r, c] = widen(table[ids[r], c])
 
 
 @twin("embed")
 def embed_cpu(ids, table, out):
-    """out[r] = table[ids[r]] for every id."""
+    """out[r] = table[ids[r]] for every id (table float32, or bf16 bit patterns widened exactly)."""
     for r in range(ids.shape[0]):
         for c in range(table.shape[1]):
             embed_at(ids, table, out, r, c)

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from .tags import bits_to_f32, body, fma, fmul
+from .tags import bits_to_f32, body, fma, fmul, widen
 
 SLICE = 32
 ATT_TILE = 64
@@ -143,12 +143,13 @@ def softplus32(x):
 @body
 def fma_chain(a, b, n, x):
     """Σ a[e ^ x]·b[e ^ x] over e < n as an fma chain from +0 in e order: with n ≤ SLICE, one
-    slice partial of the canonical dot. ``a``, ``b``: 1-D views starting at the first term;
-    ``x``: an XOR swizzle of the index (0 for plain vectors; the v3 GEMV stores element e of
-    slice s at e ^ s)."""
+    slice partial of the canonical dot. ``a``, ``b``: 1-D views starting at the first term; ``b``
+    (the weight of a linear layer, an expert) may hold bf16 bit patterns (uint16), widened
+    exactly (``widen``): the same chain as on the widened float32 weights. ``x``: an XOR swizzle
+    of the index (0 for plain vectors)."""
     part = ZERO
     for e in range(n):
-        part = fma(a[e ^ x], b[e ^ x], part)
+        part = fma(a[e ^ x], widen(b[e ^ x]), part)
     return part
 
 

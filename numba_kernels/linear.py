@@ -1,40 +1,48 @@
 """Linear layers: out[r, o] = dot(X[r, :K], W[o, :K]) for r < R, in the canonical dot order.
 
-Shapes: X [≥R, K]; W [N, K]; out [≥R, N]; rows past R are neither read nor written.
+Shapes: X [≥R, K] float32; W [N, K] float32, or bf16 bit patterns (uint16) widened exactly in
+registers (DESIGN.md §8: the same bits as the float32 path on the widened weights); out [≥R, N];
+rows past R are neither read nor written.
 
 The order (:func:`numba_kernels.exact.dot`): K in slices of 32; an fma chain from +0 inside a
 slice (``fma_chain``); slice partials added left to right into an accumulator that starts at
 +0 (``add_partial``). Every version keeps it:
 
-- ``linear_cpu`` (the twin) and ``linear_naive`` (CUDA, one thread per output) call ``dot_rows``;
-- ``gemv_v1`` / ``gemv_v3`` (R ≤ ``GEMV_MAX_ROWS``, decode): one warp per output column. K is
-  walked 1024 elements (32 slices) at a time: the input rows and the warp's weights are staged
-  in shared memory, lane l computes slice l's partial, and the 32 partials are added in slice
-  order. v1 pads its tiles and stores each loaded weight before the next load; v3 keeps 16 loads
-  in flight per warp and XOR-swizzles its tiles (element e of slice s at e ^ s);
-- ``gemm`` (more rows, prime): 64×64 output tiles, 256 threads with 4×4 outputs each; K is
-  staged through shared memory one slice at a time; each thread keeps its 16 slice chains in
-  registers (``fma_chain``'s chain, interleaved for register reuse) and adds them to its
-  accumulators in slice order.
+- ``linear_cpu`` (the twin) and ``linear_naive`` (CUDA, one thread per output) call ``dot_rows``
+  (``widen`` reads a bf16 weight);
+- ``gemv`` (R ≤ ``GEMV_MAX_ROWS`` = 8: decode, verify, MTP drafts), a generated kernel
+  (:func:`gemv_source`, configuration :class:`GemvCfg` chosen per (N, K, R) by
+  :func:`gemv_pick`): a warp reads a tile of weight rows × 32-element slices with 128-bit loads,
+  re-reads it transposed from shared memory so that each lane holds whole slices and runs their
+  fma chains for every row of X at once (the weight is read once per step for all rows); the
+  slices of a K chunk may be split over several warps; each chunk's slice partials go through
+  shared memory and are added to the accumulators in slice order; weight loads are issued one or
+  more chunks ahead;
+- ``gemm`` (more rows: prime), a generated kernel (:func:`gemm_source`, :class:`GemmCfg`;
+  default 128×128 output tiles, K stages of 32): each of 256 threads keeps an 8×8 register tile of
+  slice chains and accumulators, the next K stage waits in registers while the current one is
+  computed from shared memory, and at each 32-column slice boundary the chains are added to the
+  accumulators (``C += P``). A K stage past K is zero-filled: ``fma(+0, +0, p)`` changes ``p`` only
+  from −0 to +0, and an accumulator that starts at +0 is never −0, so adding a −0 or a +0 partial
+  gives the same bits.
 
-Which one runs is :mod:`numba_kernels.dispatch`'s table.
+Which one runs is :mod:`numba_kernels.dispatch`'s table. Both generated kernels were timed on an
+H200 (``receipts/probes/``): the GEMM at 38-39 TFLOP/s on the bench shapes (cuBLAS SGEMM 46-51),
+the GEMVs of a bench-8l decode step at 1.12× the copy-bandwidth floor.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import dispatch
-from .dispatch import GEMV_MAX_ROWS
-from .exact import SLICE, ZERO, add_partial, add_partials, dot_rows, fma_chain
-from .tags import body, cuda, fma, grid1, kernel, launch, launcher, prange, syncwarp, twin
-
-BM = BN = 64  # GEMM output tile
-TM = TN = 4  # GEMM outputs per thread
-BM_PAD = BM + 1  # shared-memory shapes must be compile-time constants
-BN_PAD = BN + 1
-GEMV_WARPS = 4  # v1: output columns per block
-GEMV3_WARPS = 8  # v3: 256 threads; its input staging assumes it
+from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
+from .exact import SLICE, dot_rows
+from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
+                   prange, twin, zero_buffer)
 
 
 @body
@@ -42,23 +50,10 @@ def linear_at(X, W, out, r, o):
     out[r, o] = dot_rows(X, r, 0, W, o, 0, W.shape[1])
 
 
-@body
-def gemv_add_partials(acc, parts, R, m):
-    """A GEMV warp's accumulators: acc[r] += parts[r, 0] + … + parts[r, m−1] (its column's slice
-    partials of row r, in slice order) for r < R."""
-    for r in range(R):
-        acc[r] = add_partials(acc[r], parts[r], m)
-
-
-@body
-def gemv_store(acc, out, o, R):
-    for r in range(R):
-        out[r, o] = acc[r]
-
-
 @twin("linear", parallel=True)
 def linear_cpu(X, W, out, R):
-    """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R. X: [≥R, K]; W: [N, K]; out: [≥R, N]."""
+    """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R. X: [≥R, K]; W: [N, K] float32 or uint16 (bf16
+    bit patterns, widened exactly); out: [≥R, N]."""
     N = W.shape[0]
     for ro in prange(R * N):
         r = ro // N
@@ -74,213 +69,610 @@ def linear_naive_k(X, W, out, R):
         linear_at(X, W, out, r, i - r * N)
 
 
-@kernel
-def gemv_v1_k(X, W, out, R):
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    w = tid >> 5
-    o = cuda.blockIdx.x * GEMV_WARPS + w
-    N, K = W.shape
-    Ws = cuda.shared.array((GEMV_WARPS, 32, 33), np.float32)  # [warp, slice, element], padded
-    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 33), np.float32)
-    ps = cuda.shared.array((GEMV_WARPS, GEMV_MAX_ROWS, 32), np.float32)
-    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
-    for r in range(GEMV_MAX_ROWS):
-        acc[r] = ZERO
-    nsl = (K + SLICE - 1) // SLICE
-    for base in range(0, nsl, 32):
-        k_base = base * SLICE
-        for idx in range(tid, R * 1024, 32 * GEMV_WARPS):
-            r = idx >> 10
-            rem = idx & 1023
-            gk = k_base + rem
-            Xs[r, rem >> 5, rem & 31] = X[r, gk] if gk < K else ZERO
-        for j in range(32):
-            gk = k_base + j * 32 + lane
-            Ws[w, j, lane] = W[o, gk] if o < N and gk < K else ZERO
-        cuda.syncthreads()
-        n_in = min(SLICE, K - (k_base + lane * SLICE))
-        for r in range(R):
-            ps[w, r, lane] = fma_chain(Xs[r, lane], Ws[w, lane], n_in, 0)
-        cuda.syncthreads()
-        gemv_add_partials(acc, ps[w], R, min(32, nsl - base))
-        cuda.syncthreads()
-    if lane == 0 and o < N:
-        gemv_store(acc, out, o, R)
-
-
-@kernel
-def gemv_v3_k(X, W, out, R):
-    """The same order as ``gemv_v1_k`` with fewer stalls (block of 256 threads): a warp stages its
-    column's 1024-element chunk through its own XOR-swizzled shared tile (no padding, no bank
-    conflicts), issuing 16 loads before storing any of them (a GPU waits for a load only where
-    its value is used; v1 stores each value before the next load), and adds the 32 slice
-    partials in slice order from its own tile (warp barriers only)."""
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    w = tid >> 5
-    o = cuda.blockIdx.x * GEMV3_WARPS + w
-    N, K = W.shape
-    oc = min(o, N - 1)  # a warp past the last column repeats it and stores nothing
-    Ws = cuda.shared.array((GEMV3_WARPS, 32, 32), np.float32)  # [warp, slice, element ^ slice]
-    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 32), np.float32)  # [row, slice, element ^ slice]
-    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
-    parts = cuda.local.array(GEMV_MAX_ROWS, np.float32)
-    for r in range(GEMV_MAX_ROWS):
-        acc[r] = ZERO
-    nsl = (K + SLICE - 1) // SLICE
-    for base in range(0, nsl, 32):
-        k_base = base * SLICE
-        for r in range(R):  # 1024 inputs of row r: 4 per thread, loaded before stored
-            i1, i2, i3 = tid + 256, tid + 512, tid + 768
-            g0 = k_base + tid
-            x0 = X[r, g0] if g0 < K else ZERO
-            x1 = X[r, g0 + 256] if g0 + 256 < K else ZERO
-            x2 = X[r, g0 + 512] if g0 + 512 < K else ZERO
-            x3 = X[r, g0 + 768] if g0 + 768 < K else ZERO
-            Xs[r, tid >> 5, (tid & 31) ^ (tid >> 5)] = x0
-            Xs[r, i1 >> 5, (i1 & 31) ^ (i1 >> 5)] = x1
-            Xs[r, i2 >> 5, (i2 & 31) ^ (i2 >> 5)] = x2
-            Xs[r, i3 >> 5, (i3 & 31) ^ (i3 >> 5)] = x3
-        if k_base + 1024 <= K:
-            for j0 in range(0, 32, 16):
-                kk = k_base + j0 * 32 + lane
-                v0 = W[oc, kk + 0]
-                v1 = W[oc, kk + 32]
-                v2 = W[oc, kk + 64]
-                v3 = W[oc, kk + 96]
-                v4 = W[oc, kk + 128]
-                v5 = W[oc, kk + 160]
-                v6 = W[oc, kk + 192]
-                v7 = W[oc, kk + 224]
-                v8 = W[oc, kk + 256]
-                v9 = W[oc, kk + 288]
-                v10 = W[oc, kk + 320]
-                v11 = W[oc, kk + 352]
-                v12 = W[oc, kk + 384]
-                v13 = W[oc, kk + 416]
-                v14 = W[oc, kk + 448]
-                v15 = W[oc, kk + 480]
-                Ws[w, j0 + 0, lane ^ (j0 + 0)] = v0
-                Ws[w, j0 + 1, lane ^ (j0 + 1)] = v1
-                Ws[w, j0 + 2, lane ^ (j0 + 2)] = v2
-                Ws[w, j0 + 3, lane ^ (j0 + 3)] = v3
-                Ws[w, j0 + 4, lane ^ (j0 + 4)] = v4
-                Ws[w, j0 + 5, lane ^ (j0 + 5)] = v5
-                Ws[w, j0 + 6, lane ^ (j0 + 6)] = v6
-                Ws[w, j0 + 7, lane ^ (j0 + 7)] = v7
-                Ws[w, j0 + 8, lane ^ (j0 + 8)] = v8
-                Ws[w, j0 + 9, lane ^ (j0 + 9)] = v9
-                Ws[w, j0 + 10, lane ^ (j0 + 10)] = v10
-                Ws[w, j0 + 11, lane ^ (j0 + 11)] = v11
-                Ws[w, j0 + 12, lane ^ (j0 + 12)] = v12
-                Ws[w, j0 + 13, lane ^ (j0 + 13)] = v13
-                Ws[w, j0 + 14, lane ^ (j0 + 14)] = v14
-                Ws[w, j0 + 15, lane ^ (j0 + 15)] = v15
-        else:
-            for j in range(32):
-                gk = k_base + j * 32 + lane
-                Ws[w, j, lane ^ j] = W[oc, gk] if gk < K else ZERO
-        cuda.syncthreads()
-        n_in = min(SLICE, K - (k_base + lane * SLICE))
-        m = min(32, nsl - base)
-        for r in range(R):
-            parts[r] = fma_chain(Xs[r, lane], Ws[w, lane], n_in, lane)
-        syncwarp()  # the warp's tile is read: its first rows take the partials
-        for r in range(R):
-            Ws[w, r, lane] = parts[r]
-        syncwarp()
-        gemv_add_partials(acc, Ws[w], R, m)
-        cuda.syncthreads()
-    if lane == 0 and o < N:
-        gemv_store(acc, out, o, R)
-
-
-@kernel
-def gemm_k(X, W, out, R):
-    N, K = W.shape
-    As = cuda.shared.array((SLICE, BM_PAD), np.float32)  # padded: no bank conflicts on stores
-    Bs = cuda.shared.array((SLICE, BN_PAD), np.float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    tid = ty * 16 + tx
-    row0 = cuda.blockIdx.y * BM
-    col0 = cuda.blockIdx.x * BN
-    acc = cuda.local.array((TM, TN), np.float32)
-    part = cuda.local.array((TM, TN), np.float32)
-    a = cuda.local.array(TM, np.float32)
-    b = cuda.local.array(TN, np.float32)
-    for i in range(TM):
-        for j in range(TN):
-            acc[i, j] = ZERO
-    for k0 in range(0, K, SLICE):
-        kl = min(SLICE, K - k0)
-        for e in range(8):
-            idx = tid + e * 256
-            m = idx >> 5
-            kk = idx & 31
-            gk = k0 + kk
-            gr = row0 + m
-            gc = col0 + m
-            As[kk, m] = X[gr, gk] if gr < R and gk < K else ZERO
-            Bs[kk, m] = W[gc, gk] if gc < N and gk < K else ZERO
-        cuda.syncthreads()
-        for i in range(TM):
-            for j in range(TN):
-                part[i, j] = ZERO
-        for kk in range(kl):
-            for i in range(TM):
-                a[i] = As[kk, ty * TM + i]
-            for j in range(TN):
-                b[j] = Bs[kk, tx * TN + j]
-            for i in range(TM):
-                for j in range(TN):
-                    part[i, j] = fma(a[i], b[j], part[i, j])
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = add_partial(acc[i, j], part[i, j])
-        cuda.syncthreads()
-    for i in range(TM):
-        r = row0 + ty * TM + i
-        if r < R:
-            for j in range(TN):
-                c = col0 + tx * TN + j
-                if c < N:
-                    out[r, c] = acc[i, j]
-
-
 @launcher(of="linear")
 def linear_naive(X, W, out, R):
     """One thread per output (the reference launch; :func:`linear` is the fast path)."""
     launch(linear_naive_k, *grid1(R * W.shape[0]), X, W, out, R)
 
 
-@launcher(of="linear")
-def gemv_v1(X, W, out, R):
-    """R ≤ GEMV_MAX_ROWS rows; one warp per output column, 4 columns per block."""
-    launch(gemv_v1_k, (W.shape[0] + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# the GEMV (R ≤ GEMV_MAX_ROWS)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemvCfg:
+    """One GEMV configuration.
+
+    A **warp step** is a tile of MO·OW weight rows × SP = 32/OW consecutive slices (MO·4 KiB of
+    float32, MO·2 KiB of bf16), read with coalesced 128-bit loads, stored into the warp's own
+    shared tile and read back so that lane L holds slice L // OW of rows L % OW + m·OW (m < MO);
+    its fma chains cover all RB rows of X (staged in shared memory) at once. A **block** is NOG ×
+    NG warps: NOG groups of MO·OW outputs (OB per block), NG warps splitting each K **chunk** of
+    CS = NG·SP slices (KC = 32·CS elements). Each lane writes its slice partials to a shared
+    P[slice][row][output]; after a barrier the OB·RB accumulator threads add the chunk's CS
+    partials in slice order, chunk after chunk. Weight loads are issued PF chunks ahead; the next
+    chunk's X is loaded during the current one. A chunk that crosses K reads a 16-byte zero buffer
+    past K (a pointer select): a zero term fma(0, 0, p) and a +0 partial leave the bits unchanged.
+    Tile and X rows are padded by 16 bytes (no bank conflicts)."""
+    RB: int = 1      # rows of X the kernel is built for (R ≤ RB at run time)
+    OW: int = 4      # outputs per warp step (SP = 32 // OW slices each)
+    NOG: int = 8     # output groups (warps along N) per block
+    NG: int = 1      # warps along K per block (each chunk has NG·SP slices)
+    PF: int = 1      # chunks of weights in flight ahead of the one computed
+    MO: int = 1      # tile slices per lane: MO output rows share each X load
+    BF16: bool = False  # W holds bf16 bit patterns (uint16)
+    VEC: bool = True  # 128-bit loads (K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows); else scalar
+
+    SP = property(lambda c: 32 // c.OW)
+    NW = property(lambda c: c.NOG * c.NG)
+    NT = property(lambda c: 32 * c.NW)
+    OB = property(lambda c: c.NOG * c.OW * c.MO)
+    CS = property(lambda c: c.NG * c.SP)
+    KC = property(lambda c: c.CS * SLICE)
+    NI = property(lambda c: 4 if c.BF16 else 8)  # 16-byte units per slice: weight loads per lane per chunk
+    SW = property(lambda c: 4 * (c.NI + 1))  # 32-bit words per tile slice, padded by one unit
+
+    @property
+    def PSTR(self):  # P row stride ≡ OW (mod 32): a warp's 32 partial stores hit 32 banks
+        n = self.RB * self.OB
+        return n + (self.OW - n) % 32
+
+    @property
+    def smem_bytes(self):
+        return 4 * (self.NW * 32 * self.MO * self.SW + self.RB * self.CS * 36 + self.CS * self.PSTR)
+
+    def name(self):
+        return (f"gemv_{'bf16' if self.BF16 else 'f32'}_R{self.RB}_ow{self.OW}_og{self.NOG}_ng{self.NG}_pf{self.PF}"
+                f"_mo{self.MO}{'' if self.VEC else '_scalar'}")
+
+    def check(self):
+        if not (self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1 and self.PF in (1, 2, 3)
+                and self.MO in (1, 2) and self.NT <= 1024 and self.smem_bytes <= STATIC_SMEM):
+            raise ValueError(f"{self.name()}: not a valid GEMV configuration ({self.smem_bytes} B of shared memory)")
+        return self
+
+
+GEMV_LARGE_N = 8192  # from here on, output groups alone give every SM several blocks
+GEMV_TINY_N = 1024  # below, one row gets 8 warps splitting each chunk of 4 outputs
+GEMV_HUGE_N = 32768  # (the lm head) 8 rows: two W rows per lane, two output groups per block
+
+
+def gemv_bucket(R: int) -> int:
+    """The rows a GEMV kernel is built for: R = 3 runs the 4-row kernel, R = 6, 7 the 8-row one."""
+    for b in GEMV_BUCKETS:
+        if R <= b:
+            return b
+    raise ValueError(f"gemv serves at most {GEMV_MAX_ROWS} rows, got {R}")
+
+
+def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> GemvCfg:
+    """The configuration of an (N, K, R) GEMV: the fastest measured on the H200 for the bench-8l
+    decode shapes (``receipts/probes/h200-probe-gemv.log``: 891 µs for the 39 GEMVs of a decode
+    step, copy-bandwidth floor 794 µs).
+
+    float32 weights: one row → 8 warps split each chunk of 4 (tiny N) or 8 outputs; 2 or 4 rows,
+    large N → warps own 4 outputs and walk K alone, 8 (2 rows) or 4 warps (4 rows: two W rows per
+    lane) per block; small N → 4 warps split each chunk of 8 outputs; 5 rows, large N → 4 warps of
+    4 outputs; 8 rows, small N → 4 warps split each chunk; large N → 4 warps of 4 outputs, the lm
+    head two W rows per lane. bf16 weights: the same families with two W rows per lane from 4 rows
+    (half the bytes per weight: the X reads weigh twice as much)."""
+    RB = gemv_bucket(R)
+    large = N >= GEMV_LARGE_N
+    if N < GEMV_TINY_N and RB == 1:
+        c = GemvCfg(RB=1, OW=4, NOG=1, NG=8, PF=1)
+    elif bf16:
+        if large:
+            c = (GemvCfg(RB=RB, OW=4, NOG=8, NG=1, PF=2) if RB <= 2 else
+                 GemvCfg(RB=RB, OW=4, NOG=4, NG=1, PF=1, MO=2))
+        else:
+            c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=2, MO=2 if RB >= 4 else 1) if RB <= 5 else \
+                GemvCfg(RB=RB, OW=8, NOG=2, NG=2, PF=1, MO=2)
+    elif RB == 1:
+        c = GemvCfg(RB=1, OW=8, NOG=1, NG=8, PF=1)
+    elif large:
+        if RB == 2:
+            c = GemvCfg(RB=2, OW=4, NOG=8, NG=1, PF=2)
+        elif RB == 4:
+            c = GemvCfg(RB=4, OW=4, NOG=4, NG=1, PF=1, MO=2)
+        elif RB == 8 and N >= GEMV_HUGE_N:
+            c = GemvCfg(RB=8, OW=4, NOG=2, NG=1, PF=1, MO=2)
+        else:
+            c = GemvCfg(RB=RB, OW=4, NOG=4, NG=1, PF=1)
+    elif RB <= 5:
+        c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=2)
+    else:
+        c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=1)
+    return dataclasses.replace(c, BF16=bf16, VEC=vec).check()
+
+
+@generator
+def gemv_config(N, K, R, bf16, vec_ok):
+    """The configuration ``gemv`` runs: :func:`gemv_pick`, with 128-bit loads where ``vec_ok`` (16-byte
+    aligned rows) and K allows them."""
+    return gemv_pick(N, K, R, bf16, vec_ok and K % (8 if bf16 else 4) == 0)
+
+
+def _gemv_devices(c: GemvCfg) -> str:
+    """The kernel's force-inlined device functions: guarded loads, the lane's slice chains
+    (``dot``) and the ordered add of a chunk's partials (``merge``)."""
+    RB, CS, NI, BF, PSTR, MO, SW = c.RB, c.CS, c.NI, c.BF16, c.PSTR, c.MO, c.SW
+    L = ["I0 = np.int32(0)"]
+    a = L.append
+    a("@devf")
+    a("def ldwf(W, i):")
+    a("    return ldg4(W, i)")
+    if c.VEC:
+        a("@devf")
+        a("def ldw(W, i, kk, K, Z):")  # a 16-byte unit of weights: zeros past K
+        a("    return ldgz4(W, i, Z, kk < K)")
+    else:
+        a("@devf")
+        a("def ldw(W, i, kk, K, Z):")  # scalar: every element guarded
+        if BF:
+            for e in range(4):
+                a(f"    lo{e} = np.int32(W[i + {2 * e}]) if kk + {2 * e} < K else I0")
+                a(f"    hi{e} = np.int32(W[i + {2 * e + 1}]) if kk + {2 * e + 1} < K else I0")
+            a("    return (" + ", ".join(f"np.int32(lo{e} | (hi{e} << 16))" for e in range(4)) + ")")
+        else:
+            for e in range(4):
+                a(f"    w{e} = W[i + {e}] if kk + {e} < K else ZERO")
+            a("    return w0, w1, w2, w3")
+        a("@devf")
+        a("def ldxs(X, i, ok, kk, K):")
+        for e in range(4):
+            a(f"    x{e} = X[i + {e}] if ok and kk + {e} < K else ZERO")
+        a("    return x0, x1, x2, x3")
+    a("@devf")
+    a("def ldx(X, i, ok, Z):")
+    a("    return ldgz4(X, i, Z, ok)")
+    # the lane's slices of MO rows: RB·MO fma chains from +0 over 32 weights each (shared tile at
+    # lw + 32·m·SW); each X quad is loaded once for the MO rows
+    a("@devf")
+    a("def dot(Ts, lw, Xs, xb):")
+    for m in range(MO):
+        for r in range(RB):
+            a(f"    p{m}_{r} = ZERO")
+    for j in range(NI):
+        wq = {}
+        for m in range(MO):
+            a(f"    u{m}_0, u{m}_1, u{m}_2, u{m}_3 = lds4(Ts, lw + {32 * m * SW + 4 * j})")
+            if BF:  # two bf16 per word, widened exactly
+                ws = []
+                for e in range(4):
+                    a(f"    v{m}_{2 * e} = bits_to_f32(u{m}_{e} << 16)")
+                    a(f"    v{m}_{2 * e + 1} = bits_to_f32(u{m}_{e} & -65536)")
+                    ws += [f"v{m}_{2 * e}", f"v{m}_{2 * e + 1}"]
+                wq[m] = [(2 * j, ws[:4]), (2 * j + 1, ws[4:])]
+            else:
+                wq[m] = [(j, [f"u{m}_{e}" for e in range(4)])]
+        for h in range(len(wq[0])):
+            q = wq[0][h][0]
+            for r in range(RB):
+                a(f"    z0, z1, z2, z3 = lds4(Xs, xb + {r * CS * 36 + 4 * q})")
+                for m in range(MO):
+                    for e in range(4):
+                        a(f"    p{m}_{r} = fma(z{e}, {wq[m][h][1][e]}, p{m}_{r})")
+    a("    return (" + ", ".join(f"p{m}_{r}" for m in range(MO) for r in range(RB)) + ",)")
+    # the chunk's CS slice partials of one accumulator, added in slice order
+    a("@devf")
+    a("def merge(Ps, i, acc):")
+    for sidx in range(CS):
+        a(f"    acc = acc + lds1(Ps, i + {sidx * PSTR})")
+    a("    return acc")
+    return "\n".join(L) + "\n"
+
+
+def _gemv_kernel(c: GemvCfg) -> str:
+    RB, OW, SP, NG, NW, NT, OB, CS, KC, PSTR, PF, NI, SW, MO = (
+        c.RB, c.OW, c.SP, c.NG, c.NW, c.NT, c.OB, c.CS, c.KC, c.PSTR, c.PF, c.NI, c.SW, c.MO)
+    BF = c.BF16
+    OWT = OW * MO                 # weight rows per warp step
+    NL = NI * MO                  # 16-byte loads per lane per chunk
+    EPQ = 8 if BF else 4          # weight elements per 16-byte unit
+    UR = SP * NI                  # units per weight row in one warp step
+    NACC = -(-(RB * OB) // NT)    # accumulators per thread
+    XQ = RB * CS * 8              # X quads per chunk
+    NXQ = -(-XQ // NT)            # ... per thread
+    zero = "I0" if BF else "ZERO"
+    sets = ["wa", "wb", "wc"][:PF]
+    L = []
+    a = L.append
+
+    a("def kern(X, XS, W, K, N, out, R, Z):")
+    for s in sets:  # numba wants every register defined on every path
+        for i in range(NL):
+            a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
+    for m in range(NXQ):
+        a(f"    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
+    a("    tid = cuda.threadIdx.x")
+    a("    ln = tid & 31")
+    a("    w = tid >> 5")
+    a(f"    og = w // {NG}")
+    a(f"    g = w - og * {NG}")
+    a("    blk = cuda.blockIdx.x")
+    a(f"    o0w = blk * {OB} + og * {OWT}")
+    a(f"    nch = (K + {KC - 1}) // {KC}")
+    a(f"    Ts = cuda.shared.array({NW * 32 * MO * SW}, {'np.int32' if BF else 'np.float32'}, alignment=ALIGN)")
+    a(f"    Xs = cuda.shared.array({RB * CS * 36}, np.float32, alignment=ALIGN)")
+    a(f"    Ps = cuda.shared.array({CS * PSTR}, np.float32, alignment=ALIGN)")
+    a(f"    tb = w * {32 * MO * SW}")
+    # weight rows: per coalesced instruction i the warp reads 32 consecutive units of the tile
+    # (row-major: OWT rows × UR units); lane ln gets unit 32 i + ln = slice (32 i + ln) // NI
+    wsrc = []  # per i: (pointer variable, constant element offset)
+    if UR >= 32:
+        for m in range(OWT):
+            a(f"    wr{m} = min(o0w + {m}, N - 1) * K + g * {SP * 32} + ln * {EPQ}")
+        a(f"    kq = g * {SP * 32} + ln * {EPQ}")
+        for i in range(NL):
+            u0 = 32 * i
+            wsrc.append((f"wr{u0 // UR}", (u0 % UR) * EPQ))
+    else:
+        rpi = 32 // UR
+        for i in range(NL):
+            a(f"    wr{i} = min(o0w + {i * rpi} + ln // {UR}, N - 1) * K + g * {SP * 32} + (ln % {UR}) * {EPQ}")
+            wsrc.append((f"wr{i}", 0))
+        a(f"    kq = g * {SP * 32} + (ln % {UR}) * {EPQ}")
+
+    # The tile is stored in reading order: lane ln reads tile slices ln + 32 m (m < MO), which hold
+    # weight row (ln % OW) + m·OW, slice ln // OW. So the lanes of one slice are adjacent: their X
+    # reads share addresses pairwise, which halves the shared-memory return cycles of an LDS.128;
+    # the 36-word (float32) / 20-word (bf16) stride keeps reads conflict-free.
+    def pos(t):  # storage position of tile slice t (row-major index t = row·SP + slice)
+        row, sli = divmod(t, SP)
+        return (row // OW) * 32 + sli * OW + row % OW
+
+    def spos(i, ln):  # storage word of load i's 16-byte unit for lane ln
+        t, j = divmod(32 * i + ln, NI)
+        return pos(t) * SW + 4 * j
+    sep = all(spos(i, ln) - spos(0, ln) == spos(i, 0) - spos(0, 0) for i in range(NL) for ln in range(32))
+    lni = NI.bit_length() - 1
+    if sep:  # store address = one per-lane base + an immediate per load
+        qb = 32 // NI
+        g0 = [spos(0, q * NI) // SW for q in range(qb)]  # position of lane group q (j = 0) at load 0
+        if all(g0[q] == g0[0] + q * (g0[1] - g0[0] if qb > 1 else 0) for q in range(qb)):
+            a(f"    sa = tb + (ln >> {lni}) * {(g0[1] - g0[0] if qb > 1 else 0) * SW} + (ln & {NI - 1}) * 4")
+            soff = [spos(i, 0) - spos(0, 0) + g0[0] * SW for i in range(NL)]
+        else:
+            sep = False
+    if not sep:
+        for i in range(NL):
+            t = f"(({32 * i} + ln) >> {lni})"
+            a(f"    sa{i} = tb + ((({t} // {SP}) // {OW}) * 32 + ({t} % {SP}) * {OW} + ({t} // {SP}) % {OW}) * {SW}"
+              f" + (ln & {NI - 1}) * 4")
+    a(f"    lw = tb + ln * {SW}")
+    a(f"    sl = g * {SP} + ln // {OW}")  # the lane's slice within the chunk
+    a("    xb = sl * 36")
+    a(f"    pa = sl * {PSTR} + og * {OWT} + ln % {OW}")
+    for m in range(NXQ):  # X staging: quad e = tid + m NT = (row·CS + slice)·8 + quad
+        a(f"    xe{m} = tid + {m * NT}")
+        a(f"    xr{m} = xe{m} // {CS * 8}")
+        a(f"    xk{m} = (xe{m} % {CS * 8}) * 4")
+        a(f"    xs{m} = (xe{m} >> 3) * 36 + (xe{m} & 7) * 4")
+    NACC_ = NACC
+    for m in range(NACC_):
+        a(f"    acc{m} = ZERO")
+
+    def wload(p, s, cc):
+        """Issue the W loads of chunk cc into register set s."""
+        a(f"{p}kc = {cc} * {KC}")
+        if c.VEC:  # full chunks (all but the last, usually all) load without guards
+            a(f"{p}if kc + {KC} <= K:")
+            for i in range(NL):
+                v, off = wsrc[i]
+                a(f"{p}    {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldwf(W, {v} + kc + {off})")
+            a(f"{p}else:")
+            p = p + "    "
+        for i in range(NL):
+            v, off = wsrc[i]
+            a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K, Z)")
+
+    def xload(p, cc):
+        a(f"{p}kc = {cc} * {KC}")
+        for m in range(NXQ):
+            if c.VEC:
+                ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R and kc + xk{m} < K"
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldx(X, xr{m} * XS + kc + xk{m}, {ok}, Z)")
+            else:
+                ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R"
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldxs(X, xr{m} * XS + kc + xk{m}, {ok}, kc + xk{m}, K)")
+
+    def xstore(p):
+        for m in range(NXQ):
+            if NXQ * NT > XQ:
+                a(f"{p}if xe{m} < {XQ}:")
+                a(f"{p}    sts4(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
+            else:
+                a(f"{p}sts4(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
+
+    def chunk(p, s, cc):
+        for i in range(NL):
+            addr = f"sa + {soff[i]}" if sep else f"sa{i}"
+            a(f"{p}sts4(Ts, {addr}, {s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3)")
+        a(f"{p}syncwarp()")
+        a(f"{p}if {cc} + {PF} < nch:")
+        wload(p + "    ", s, f"({cc} + {PF})")
+        a(f"{p}" + ", ".join(f"p{m}_{r}" for m in range(MO) for r in range(RB)) + ", = dot(Ts, lw, Xs, xb)")
+        for m in range(MO):
+            for r in range(RB):
+                a(f"{p}sts1(Ps, pa + {r * OB + m * OW}, p{m}_{r})")
+        a(f"{p}cuda.syncthreads()")
+        a(f"{p}if {cc} + 1 < nch:")
+        xstore(p + "    ")
+        a(f"{p}    if {cc} + 2 < nch:")
+        xload(p + "        ", f"({cc} + 2)")
+        for m in range(NACC):
+            if (m + 1) * NT > RB * OB:
+                a(f"{p}if tid + {m * NT} < {RB * OB}:")
+                a(f"{p}    acc{m} = merge(Ps, tid + {m * NT}, acc{m})")
+            else:
+                a(f"{p}acc{m} = merge(Ps, tid + {m * NT}, acc{m})")
+        a(f"{p}cuda.syncthreads()")
+
+    # prologue: weight chunks 0..PF-1 in flight, X chunk 0 staged, X chunk 1 in registers
+    for k, s in enumerate(sets):
+        a(f"    if {k} < nch:")
+        wload("        ", s, f"{k}")
+    a("    if 0 < nch:")
+    xload("        ", "0")
+    xstore("        ")
+    a("        if 1 < nch:")
+    xload("            ", "1")
+    a("    cuda.syncthreads()")
+    a("    c = 0")
+    a("    while c < nch:")
+    for k, s in enumerate(sets):
+        if k == 0:
+            chunk("        ", s, "c")
+        else:
+            a(f"        if c + {k} < nch:")
+            chunk("            ", s, f"(c + {k})")
+    a(f"        c += {PF}")
+    for m in range(NACC):
+        a(f"    e = tid + {m * NT}")
+        a(f"    r = e // {OB}")
+        a(f"    o = blk * {OB} + e % {OB}")
+        a(f"    if e < {RB * OB} and r < R and o < N:")
+        a(f"        out[r, o] = acc{m}")
+    return "\n".join(L) + "\n"
+
+
+@generator
+def gemv_source(c: GemvCfg) -> KernelSource:
+    """The GEMV kernel of configuration ``c``: ``kern(X, XS, W, K, N, out, R, Z)`` with X and W
+    flattened (row strides XS and K), Z 16 zero bytes (full unrolling, static register names; the
+    repeated pieces are force-inlined device functions, which keeps Numba's compile time at ~2 s)."""
+    c.check()
+    return KernelSource(c.name(), _gemv_devices(c) + _gemv_kernel(c), c.NT)
 
 
 @launcher(of="linear")
-def gemv_v3(X, W, out, R):
-    """R ≤ GEMV_MAX_ROWS rows; one warp per output column, 8 columns per block."""
-    launch(gemv_v3_k, (W.shape[0] + GEMV3_WARPS - 1) // GEMV3_WARPS, 32 * GEMV3_WARPS, X, W, out, R)
+def gemv(X, W, out, R, cfg=None):
+    """R ≤ GEMV_MAX_ROWS rows (``cfg``: a :class:`GemvCfg`, default :func:`gemv_pick`'s). X C-contiguous;
+    W [N, K] float32 or uint16 (bf16 bits), C-contiguous."""
+    N, K = W.shape
+    if R <= 0 or N == 0:
+        return
+    bf16 = W.dtype == np.uint16
+    vec_ok = X.shape[1] % 4 == 0 and aligned(X) and aligned(W)
+    if cfg is None:
+        cfg = gemv_config(N, K, R, bf16, vec_ok)
+    elif cfg.BF16 != bf16 or R > cfg.RB or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0)):
+        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}")
+    k = generated(gemv_source, cfg)
+    launch(k, (N + cfg.OB - 1) // cfg.OB, k.threads, X.reshape(X.shape[0] * X.shape[1]), X.shape[1],
+           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8))
+
+
+# ------------------------------------------------------------------------------------------------
+# the GEMM (more rows)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmCfg:
+    """One GEMM configuration: BM×BN output tiles; K stages of BK columns (BK | 32) through two
+    shared buffers (stored transposed, rows padded by 4); a thread owns a (4·SUBM)×(4·SUBN)
+    register tile made of 4×4 sub-tiles BM/SUBM rows / BN/SUBN columns apart (a warp is 4×8
+    threads: conflict-free, broadcast ``LDS.128``). ``xv``: 128-bit X loads (K % 4 == 0, aligned
+    rows), else scalar; ``wkind``: "v" / "s" float32 W (vector / scalar loads), "hv" / "hs" bf16 W
+    (widened at the load: the shared tiles and chains are the float32 kernel's)."""
+    BM: int = 128
+    BN: int = 128
+    BK: int = 32
+    SUBM: int = 2
+    SUBN: int = 2
+    xv: bool = True
+    wkind: str = "v"
+
+    def layout(self):
+        """(HM, HN, TY, TX, threads, warps along N)."""
+        HM, HN = self.BM // self.SUBM, self.BN // self.SUBN
+        TY, TX = HM // 4, HN // 4
+        if HM % 4 or HN % 4 or TX % 8 or TY % 4:
+            raise ValueError(f"gemm tile {self.BM}x{self.BN} / {self.SUBM}x{self.SUBN} sub-tiles: need warps of 4x8")
+        return HM, HN, TY, TX, TX * TY, TX // 8
+
+    @property
+    def smem_bytes(self):
+        return 4 * 2 * self.BK * (self.BM + 4 + self.BN + 4)
+
+    def name(self):
+        return (f"gemm_{self.BM}x{self.BN}x{self.BK}_t{4 * self.SUBM}x{4 * self.SUBN}_x{'v' if self.xv else 's'}"
+                f"_w{self.wkind}")
+
+
+# the explored variants (the H200 probes of receipts/probes/); the default serves the dispatch table
+GEMM_VARIANTS = {
+    "rp128x128k32": GemmCfg(BK=32),
+    "rp128x128k16": GemmCfg(BK=16),
+    "rp128x128k8": GemmCfg(BK=8),
+    "rp128x128k16t84": GemmCfg(BK=16, SUBN=1),  # 8x4 per thread, 512 threads
+    "rp128x64k16": GemmCfg(BN=64, BK=16, SUBN=1),  # 8x4 per thread, 2 blocks per SM
+}
+GEMM_DEFAULT = "rp128x128k32"
+
+
+@generator
+def gemm_config(cfg, K, bf16, x_ok, w_ok):
+    """``cfg`` (a :class:`GemmCfg` or a name of ``GEMM_VARIANTS``, None: the default) with the loaders
+    this call can use: 128-bit X loads when X's rows are 16-byte aligned (``x_ok``) and K % 4 == 0;
+    W the same (bf16: 8-byte aligned rows)."""
+    cfg = GEMM_VARIANTS[cfg or GEMM_DEFAULT] if isinstance(cfg, str) or cfg is None else cfg
+    xv = K % 4 == 0 and x_ok
+    wv = K % 4 == 0 and w_ok
+    return dataclasses.replace(cfg, xv=xv, wkind=("h" if bf16 else "") + ("v" if wv else "s"))
+
+
+def _gemm_helpers(c: GemmCfg, HM, HN) -> list:
+    """Device functions (inlined) on the thread's tile as a tuple of float32: ``frag`` (the
+    4·SUBM + 4·SUBN operands of one k-step by ``LDS.128``), ``outer`` (one fma per output), ``fold``
+    (``C + P``) and ``store_tile``. A statement per fma in the kernel body would take Numba's
+    front end minutes."""
+    SUBM, SUBN = c.SUBM, c.SUBN
+    TMv, TNv = 4 * SUBM, 4 * SUBN
+    n = TMv * TNv
+    L = ["@devf", "def frag(As, Bs, oa, ob):"]
+    L += [f"    a{4*sm}, a{4*sm+1}, a{4*sm+2}, a{4*sm+3} = lds4(As, oa + {sm * HM})" for sm in range(SUBM)]
+    L += [f"    b{4*sn}, b{4*sn+1}, b{4*sn+2}, b{4*sn+3} = lds4(Bs, ob + {sn * HN})" for sn in range(SUBN)]
+    L += ["    return (" + ", ".join([f"a{i}" for i in range(TMv)] + [f"b{j}" for j in range(TNv)]) + ")"]
+    L += ["@devf", "def outer(F, P):",
+          "    return (" + ", ".join(f"fma(F[{q // TNv}], F[{TMv + q % TNv}], P[{q}])" for q in range(n)) + ")"]
+    L += ["@devf", "def fold(C, P):", "    return (" + ", ".join(f"C[{q}] + P[{q}]" for q in range(n)) + ")"]
+    L += ["@devf", "def store_tile(out, C, r0, c0, R, N):"]
+    for i in range(TMv):
+        L += [f"    r = r0 + {(i // 4) * HM + i % 4}", "    if r < R:"]
+        for j in range(TNv):
+            L += [f"        c = c0 + {(j // 4) * HN + j % 4}", "        if c < N:",
+                  f"            out[r, c] = C[{i * TNv + j}]"]
+    L += ["ZT = (" + ", ".join(["F32(0.0)"] * n) + ",)"]
+    return L
+
+
+@generator
+def gemm_source(c: GemmCfg) -> KernelSource:
+    """The GEMM kernel of configuration ``c``: ``kern(X, W, out, R)``. Stage s+1 sits in registers
+    while stage s is computed: its loads are issued at the end of iteration s−1, just before the
+    barrier (ptxas does not move loads across a barrier, so they are in flight during the whole
+    compute of a stage), and stored into the other buffer after it; the operands of k-step kk+1
+    are loaded before the fmas of k-step kk; one barrier per stage; at each 32-column slice
+    boundary (and after the last stage) ``C += P; P = +0``. Rows past R and columns past N load a
+    clamped valid row and are not stored; K past the end loads +0."""
+    HM, HN, TY, TX, NT, WN = c.layout()
+    BM, BN, BK = c.BM, c.BN, c.BK
+    PM, PN = BM + 4, BN + 4
+    KQ = BK // 4
+    LA, LB = BM * KQ // NT, BN * KQ // NT
+    if LA * NT != BM * KQ or LB * NT != BN * KQ or LA == 0 or LB == 0 or SLICE % BK:
+        raise ValueError(f"{c.name()}: the tiles do not split into whole float4 per thread")
+    SPS = SLICE // BK
+    dyn = c.smem_bytes > STATIC_SMEM
+    L = _gemm_helpers(c, HM, HN)
+
+    def e(ind, text):
+        L.append("    " * ind + text)
+
+    e(0, "def kern(X, W, out, R):")
+    e(1, "N = W.shape[0]")
+    e(1, "K = W.shape[1]")
+    e(1, "tid = cuda.threadIdx.x")
+    e(1, "lane = tid % 32")
+    e(1, "wid = tid // 32")
+    e(1, f"aoff = ((wid // {WN}) * 4 + lane // 8) * 4")  # the thread's first row in the tile
+    e(1, f"boff = ((wid % {WN}) * 8 + lane % 8) * 4")  # its first column
+    e(1, f"row0 = cuda.blockIdx.y * {BM}")
+    e(1, f"col0 = cuda.blockIdx.x * {BN}")
+    e(1, "sx = X.strides[0] // 4")
+    e(1, "sw = W.strides[0] // W.itemsize")
+    if dyn:
+        e(1, "As = cuda.shared.array(0, float32, alignment=ALIGN)")
+        e(1, f"Bs = As[{2 * BK * PM}:]")
+    else:
+        e(1, f"As = cuda.shared.array({2 * BK * PM}, np.float32, alignment=ALIGN)")
+        e(1, f"Bs = cuda.shared.array({2 * BK * PN}, np.float32, alignment=ALIGN)")
+    for l in range(LA):  # this thread's float4 of the X tile: row ia // KQ, columns 4·(ia % KQ)…
+        e(1, f"ia = tid + {l * NT}")
+        e(1, f"xk{l} = (ia % {KQ}) * 4")
+        e(1, f"xo{l} = min(row0 + ia // {KQ}, R - 1) * sx + xk{l}")
+        e(1, f"xs{l} = (ia % {KQ}) * {4 * PM} + ia // {KQ}")
+    for l in range(LB):
+        e(1, f"ib = tid + {l * NT}")
+        e(1, f"wk{l} = (ib % {KQ}) * 4")
+        e(1, f"wo{l} = min(col0 + ib // {KQ}, N - 1) * sw + wk{l}")
+        e(1, f"ws{l} = (ib % {KQ}) * {4 * PN} + ib // {KQ}")
+    e(1, "C = ZT")
+    e(1, "P = ZT")
+    e(1, f"nst = (K + {BK - 1}) // {BK}")
+
+    def load4(ind, arr, g, off, k, vec, half):
+        if vec:
+            e(ind, f"{g}_0, {g}_1, {g}_2, {g}_3 = {'ldgh4p' if half else 'ldg4p'}({arr}, {off}, {k} < K)")
+        else:
+            for q in range(4):
+                e(ind, f"{g}_{q} = {'ldgh1p' if half else 'ldg1p'}({arr}, {off} + {q}, {k} + {q} < K)")
+
+    def loads(ind, kexpr):
+        for l in range(LA):
+            load4(ind, "X", f"gx{l}", f"xo{l} + {kexpr}", f"xk{l} + {kexpr}", c.xv, False)
+        for l in range(LB):
+            load4(ind, "W", f"gw{l}", f"wo{l} + {kexpr}", f"wk{l} + {kexpr}", c.wkind in ("v", "hv"),
+                  c.wkind[0] == "h")
+
+    def stores(ind, ba, bb):
+        for l in range(LA):
+            for q in range(4):
+                e(ind, f"sts1(As, {ba}xs{l} + {q * PM}, gx{l}_{q})")
+        for l in range(LB):
+            for q in range(4):
+                e(ind, f"sts1(Bs, {bb}ws{l} + {q * PN}, gw{l}_{q})")
+
+    loads(1, "0")
+    stores(1, "", "")
+    e(1, f"kn = min(1, max(nst - 1, 0)) * {BK}")
+    loads(1, "kn")
+    e(1, "cuda.syncthreads()")
+    e(1, "for s in range(nst):")
+    e(2, f"ba = (s & 1) * {BK * PM} + aoff")
+    e(2, f"bb = (s & 1) * {BK * PN} + boff")
+    e(2, "F0 = frag(As, Bs, ba, bb)")
+    for kk in range(BK):
+        if kk + 1 < BK:
+            e(2, f"F{(kk + 1) % 2} = frag(As, Bs, ba + {(kk + 1) * PM}, bb + {(kk + 1) * PN})")
+        e(2, f"P = outer(F{kk % 2}, P)")
+    if SPS > 1:
+        e(2, f"if (s + 1) % {SPS} == 0 or s + 1 == nst:")
+        e(3, "C = fold(C, P)")
+        e(3, "P = ZT")
+    else:
+        e(2, "C = fold(C, P)")
+        e(2, "P = ZT")
+    e(2, "nb = (s + 1) & 1")
+    stores(2, f"nb * {BK * PM} + ", f"nb * {BK * PN} + ")  # stage s+1 (past the end: unread)
+    e(2, f"kn = min(s + 2, nst - 1) * {BK}")  # stage s+2 (past the end: reloads the last)
+    loads(2, "kn")
+    e(2, "cuda.syncthreads()")
+    e(1, "store_tile(out, C, row0 + aoff, col0 + boff, R, N)")
+    jit = (("max_registers", 65536 // NT),) if NT > 256 else ()
+    return KernelSource(c.name(), "\n".join(L) + "\n", NT, c.smem_bytes if dyn else 0, jit)
 
 
 @launcher(of="linear")
-def gemm(X, W, out, R):
-    """Any R; 64×64 output tiles."""
-    N = W.shape[0]
-    launch(gemm_k, ((N + BN - 1) // BN, (R + BM - 1) // BM), (16, 16), X, W, out, R)
+def gemm(X, W, out, R, cfg=None):
+    """Any R (``cfg``: a :class:`GemmCfg` or a ``GEMM_VARIANTS`` name; default ``GEMM_DEFAULT``).
+    W [N, K] float32 or uint16 (bf16 bits)."""
+    N, K = W.shape
+    if R <= 0 or N == 0:
+        return
+    bf16 = W.dtype == np.uint16
+    c = gemm_config(cfg, K, bf16, aligned(X), aligned(W, 8 if bf16 else 16))
+    k = generated(gemm_source, c)
+    launch(k, ((N + c.BN - 1) // c.BN, (R + c.BM - 1) // c.BM), k.threads, X, W, out, R)
 
 
 @launcher("linear")
 def linear_cuda(X, W, out, R):
-    """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R, canonical order (kernel: dispatch table)."""
+    """out[r, o] = dot(X[r, :K], W[o, :K]) for r < R, canonical order; W float32 or uint16 (bf16
+    bits). The kernel is the dispatch table's: the GEMV up to ``GEMV_MAX_ROWS`` rows, the GEMM
+    above."""
     if dispatch.pick("linear", R) == "gemv":
-        if dispatch.GEMV_VERSION == "v1":
-            gemv_v1(X, W, out, R)
-        else:
-            gemv_v3(X, W, out, R)
+        gemv(X, W, out, R)
     else:
         gemm(X, W, out, R)

@@ -10,15 +10,29 @@ never import ``numba`` or ``numba.cuda``; each function carries a tag:
   ``prange`` loops); ``host=True`` marks a host-side helper that has no CUDA launcher;
 - ``@kernel``: a CUDA kernel (``cuda.jit``);
 - ``@launcher(op)``: the host function that launches ``op``'s kernels, with the twin's name and
-  signature (cloned, not compiled). ``@launcher(of=op)`` is one version of ``op`` (``gemv_v1``,
-  ``attention_split`` ...), which the CUDA front door exports under its own name.
+  signature (cloned, not compiled). ``@launcher(of=op)`` is one version of ``op`` (``gemv``,
+  ``attention_split`` ...), which the CUDA front door exports under its own name; a version may
+  take keyword arguments of its own after the op's (``cfg=None``: a configuration of a generated
+  kernel);
+- ``@generator``: host-side Python behind the *generated* kernels -- a function that writes the
+  source of one kernel configuration (a :class:`KernelSource`), or one that chooses a
+  configuration. The CUDA build puts it into the namespace as it is (neither cloned nor compiled:
+  it runs on the host with its own module's globals); :func:`numba_kernels.launch.generated`
+  compiles the source it writes, once per configuration, in the CUDA namespace. The CPU build
+  skips it.
+
+Generated kernels are the fast ones whose register tiles and unrolled loops depend on a
+configuration (tile sizes, rows per launch, head dims): writing them as text per configuration
+gives Numba straight-line code with every index a constant. Their source calls the same
+``@body`` functions and target primitives as the tagged kernels (``fma``, ``fmul``, ``exp32`` ...),
+plus the memory primitives of :mod:`numba_kernels.intrin`.
 
 ``bound={public name: value}`` on a twin or launcher exports one op per entry, with the last
 argument fixed (the scalar maps share one twin and one kernel).
 
 The names a source uses that each target binds differently -- ``fma``, ``fmul``, ``sqrt32``,
-``bits_to_f32``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
-``zero_pos``, ``scratch`` -- are imported from here, where they only stand for the target's.
+``bits_to_f32``, ``widen``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
+``zero_pos``, ``scratch``, ``zero_buffer``, ``generated``, ``aligned`` -- are imported from here, where they only stand for the target's.
 :func:`build` clones every tagged function into one namespace per target (``types.FunctionType``
 on the same code object) holding that target's primitives, every family's UPPER_CASE constants
 and every other tagged function, then compiles it. Calling a family function directly, without a
@@ -30,13 +44,14 @@ from __future__ import annotations
 import inspect
 import math
 import types
+from typing import NamedTuple
 
 import numpy as np
 
 from . import dispatch
 
 _TAG = "_primewalk_tag"
-KINDS = ("body", "twin", "kernel", "launcher")
+KINDS = ("body", "twin", "kernel", "launcher", "generator")
 
 
 def _tag(f, kind, op=None, **opts):
@@ -65,6 +80,11 @@ def launcher(op=None, of=None, bound=None):
     return lambda f: _tag(f, "launcher", op, of=of, bound=bound)
 
 
+def generator(f):
+    """Host code behind generated kernels: a source writer or a configuration choice (CUDA only)."""
+    return _tag(f, "generator")
+
+
 def tag_of(f):
     return getattr(f, _TAG, None) if isinstance(f, types.FunctionType) else None
 
@@ -89,10 +109,31 @@ class _Unbound:
         return f"<unbound {self.name}>"
 
 
-TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "barrier", "syncwarp", "prange", "cuda", "launch",
-                "grid1", "zero_pos", "scratch")
-fma, fmul, sqrt32, bits_to_f32, barrier, syncwarp, prange, cuda, launch, grid1, zero_pos, scratch = (
-    _Unbound(n) for n in TARGET_NAMES)
+TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "barrier", "syncwarp", "prange", "cuda", "launch",
+                "grid1", "zero_pos", "scratch", "zero_buffer", "generated", "aligned")
+(fma, fmul, sqrt32, bits_to_f32, widen, barrier, syncwarp, prange, cuda, launch, grid1, zero_pos, scratch, zero_buffer,
+ generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
+
+
+# ------------------------------------------------------------------------------------------------
+# generated kernels
+# ------------------------------------------------------------------------------------------------
+STATIC_SMEM = 48 * 1024  # shared memory a block may declare statically; more is dynamic (opted in per kernel)
+MAX_SMEM = 227 * 1024  # shared memory one block may use on an H100 / H200 (dynamic, opted in)
+
+
+class KernelSource(NamedTuple):
+    """What a ``@generator`` writes for one configuration: the Python source ``text`` defining the
+    kernel ``kern`` (and the device helpers it calls, decorated ``@devf``: force-inlined), its
+    ``name`` (unique per configuration: the launch counter and the compiled-kernel cache use it),
+    ``threads`` per block, ``smem`` bytes of dynamic shared memory (0: none; above
+    ``STATIC_SMEM`` the launch raises the kernel's limit first) and extra ``cuda.jit`` options
+    as (key, value) pairs (``launch_bounds``, ``max_registers``)."""
+    name: str
+    text: str
+    threads: int
+    smem: int = 0
+    jit: tuple = ()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,7 +205,7 @@ def build(modules, name, bindings, jit):
         for f, t in tagged(modules, kind):
             if f.__name__ in ns:
                 raise ValueError(f"{f.__module__}.{f.__name__}: the name is taken in the {name} namespace")
-            ns[f.__name__] = built = jit[kind](clone(f, ns), t)
+            ns[f.__name__] = built = jit[kind](f if kind == "generator" else clone(f, ns), t)
             if kind in ("twin", "launcher"):
                 ops.update(exported(built, t))
     return ns, ops

@@ -38,7 +38,7 @@ assert kc.SIMULATED
 F32 = np.float32
 rng = np.random.default_rng(0)
 CASES: list = []
-POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_tiled": 4}
+POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_prime": 4, "attention_tiled": 4}
 
 
 def r(*shape, scale=1.0):
@@ -101,19 +101,27 @@ def op_cases():
     for op in kc.OPS:
         if op.startswith("map_"):
             case(op, "tails", (x, np.zeros_like(x)), [1])
-    # linear through the dispatch table: 1 row and both sides of every threshold; K = 70 is three
-    # dot slices (32, 32, 6), N = 9 leaves the last GEMV block and the GEMM tile ragged; row R of
-    # the output is a sentinel that must stay untouched
-    rows = {1, 8, 9, 16, 17} | {n for most, _ in dispatch.TABLE["linear"] if most for n in (most, most + 1)}
+    # linear through the dispatch table: 1 row and both sides of every threshold (the GEMV's row
+    # buckets, the GEMM's 64-row boundaries); K = 72 (128-bit loads) and K = 70 (scalar loads:
+    # three dot slices 32, 32, 6), N = 9 leaves the last GEMV block and the GEMM tile ragged; row R
+    # of the output is a sentinel that must stay untouched
+    rows = {1, 4, 5, 8, 9, 16, 17, 63, 64, 65} | {n for most, _ in dispatch.TABLE["linear"] if most
+                                                  for n in (most, most + 1)}
     for R in sorted(rows):
-        X, W = r(R + 1, 70), r(9, 70, scale=70 ** -0.5)
-        case("linear", f"R{R}-K70-N9", (X, W, np.full((R + 1, 9), 7.0, F32), R), [2], rows=R)
-    # every version on its own: two 1024-element chunks (K = 1100), the GEMM with ragged tiles
-    # both ways, the one-thread-per-output launch
-    for ver in ("gemv_v1", "gemv_v3"):
-        for R, K in ((1, 70), (4, 70), (2, 1100)):
-            X, W = r(R, K), r(9, K, scale=K ** -0.5)
-            case("linear", f"{ver}-R{R}-K{K}-N9", (X, W, np.zeros((R, 9), F32), R), [2], cuda_op=ver, rows=R)
+        K = 70 if R in (5, 9) else 72
+        X, W = r(R + 1, K), r(9, K, scale=K ** -0.5)
+        case("linear", f"R{R}-K{K}-N9", (X, W, np.full((R + 1, 9), 7.0, F32), R), [2], rows=R)
+    # bf16 weights (uint16 bit patterns): the twin widens them, both CUDA kernels too
+    for R in (1, 5, 9):
+        W16 = (r(11, 72, scale=72 ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
+        case("linear", f"bf16-R{R}-K72-N11", (r(R + 1, 72), W16, np.full((R + 1, 11), 7.0, F32), R), [2], rows=R)
+    # the GEMV's shape classes (tiny / small / large N: gemv_pick) at their row buckets; every
+    # version on its own; the one-thread-per-output launch
+    from numba_kernels import linear as lin
+    for N, R in ((9, 1), (lin.GEMV_TINY_N, 1), (lin.GEMV_LARGE_N, 2), (lin.GEMV_LARGE_N, 4)):
+        cfg = lin.gemv_pick(N, 64, R)
+        X, W = r(R, 64), r(40, 64, scale=0.125)
+        case("linear", f"gemv-{cfg.name()}", (X, W, np.zeros((R, 40), F32), R), [2], cuda_op="gemv", rows=R)
     case("linear", "gemm-R70-K40-N70", (r(70, 40), r(70, 40, scale=40 ** -0.5), np.zeros((70, 70), F32), 70), [2],
          cuda_op="gemm", rows=70)
     case("linear", "naive-R3-K33-N130", (r(4, 33), r(130, 33), np.full((4, 130), 7.0, F32), 3), [2],
@@ -146,12 +154,15 @@ def op_cases():
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv),
           F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
           np.zeros((3, nv), F32), 3), [9, 10, 11, 12])
-    for ver in ("gdn_recurrence", "gdn_recurrence_naive"):
+    # (the fast recurrence's own variants: tests/test_sim_gdn.py)
+    for ver, R in (("gdn_recurrence", 1), ("gdn_recurrence", 3), ("gdn_recurrence", 9), ("gdn_recurrence_fast", 3),
+                   ("gdn_recurrence_naive", 3)):
         for capture in (True, False):
-            args = (r(3, hk * dk, scale=0.15), r(3, hk * dk, scale=0.15), r(3, 3 + nv * dv), 3,
-                    -np.abs(r(3, nv, scale=0.5)), rng.uniform(0, 1, (3, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
-                    np.zeros((3, nv * dv), F32), 3, dk, dv, nv // hk, np.zeros((3, nv, dk, dv), F32), capture)
-            case("gdn_recurrence", f"{ver}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12], cuda_op=ver)
+            args = (r(R, hk * dk, scale=0.15), r(R, hk * dk, scale=0.15), r(R, 3 + nv * dv), 3,
+                    -np.abs(r(R, nv, scale=0.5)), rng.uniform(0, 1, (R, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
+                    np.zeros((R, nv * dv), F32), R, dk, dv, nv // hk, np.zeros((R, nv, dk, dv), F32), capture)
+            case("gdn_recurrence", f"{ver}-R{R}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12],
+                 cuda_op=ver, rows=R)
     # rope and the K/V write at position 70, also with the position on the device
     ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))
     cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
@@ -171,10 +182,14 @@ def op_cases():
         return (r(R, hq * D, scale=2.0), kc_, vc_, np.zeros((R, hq * D), F32), start, R, hq, hkv, D, F32(D ** -0.5))
 
     split = dispatch.SPLIT_MAX_ROWS
-    for R, start in ((1, 0), (1, 130), (split, 61), (split + 1, 61)):
+    # a context of one key; one row over three tiles, the last partial; query tiles that start
+    # mid-tile on both sides of the split-KV threshold and of the 64-row query tile; odd heads
+    for R, start in ((1, 0), (1, 130), (4, 61), (5, 3), (8, 100), (9, 0), (split, 61), (split + 1, 61), (65, 10)):
         case("attention", f"R{R}-p{start}-Hq4-Hkv2-D8", attn(R, start), [3], rows=R)
     case("attention", "R2-p60-Hq2-Hkv1-D40", attn(2, 60, 2, 1, 40), [3], rows=2)
-    for ver in ("attention_split", "attention_tiled"):
+    case("attention", "R3-p20-Hq3-Hkv1-D9", attn(3, 20, 3, 1, 9), [3], rows=3)
+    case("attention", "R20-p50-Hq3-Hkv1-D9", attn(20, 50, 3, 1, 9), [3], rows=20)
+    for ver in ("attention_split", "attention_prime", "attention_tiled"):
         for pos in (False, True):
             case("attention", f"{ver}-R3-p126", attn(3, 126), [3], cuda_op=ver, rows=3, pos=pos)
     # MoE: a tie in the router (lowest index first), with and without renormalisation and the
@@ -211,8 +226,9 @@ def model_steps():
     and the cache digests are compared. Hidden size 36: every linear layer's dot has two slices,
     the second ragged. The CUDA session starts from the CPU-primed cache of 50
     rows (a restore across backends), then primes 17 rows on CUDA (rows 50..66 cross the 64-key
-    tile), verifies 5 and 4 rows with rollback, decodes 3 rows (eager, captured, replayed), runs
-    the v1 GEMV uncaptured for a decode and a 3-row verify, and two captured MTP rows."""
+    tile), verifies 5 and 8 rows with rollback (the GEMV's largest row bucket), decodes 3 rows
+    (eager, captured, replayed), primes 9 rows (the GEMM just past the GEMV), and two captured MTP
+    rows."""
     from harness.engine.config import ModelConfig
     from harness.engine.model import Engine
     from harness.synth import random_tensors
@@ -245,15 +261,12 @@ def model_steps():
     step("prime p50 R17", 17, lambda e, s: e.prime_chunk(s, ids[50:67]))
     step("verify p67 R5", 5, lambda e, s: e.target_step(s, ids[67:72], capture=True))
     rollback(3)
-    step("verify p70 R4", 4, lambda e, s: e.target_step(s, ids[70:74], capture=True))
+    step("verify p70 R8", 8, lambda e, s: e.target_step(s, ids[70:78], capture=True))
     rollback(2)
     for i in range(3):
         step(f"decode p{72 + i} ({['eager', 'captured', 'replayed'][i]})", 1,
              lambda e, s: e.decode_step(s, int(ids[72 + i])))
-    eg.graphs, dispatch.GEMV_VERSION = False, "v1"
-    step("decode p75 GEMV v1", 1, lambda e, s: e.decode_step(s, int(ids[75])))
-    step("verify p76 R3 GEMV v1", 3, lambda e, s: e.target_step(s, ids[76:79]))
-    eg.graphs, dispatch.GEMV_VERSION = True, "v3"
+    step("prime p75 R9", 9, lambda e, s: e.prime_chunk(s, ids[75:84]))
     for i in range(2):
         h = r(1, cfg.hidden_size)
         step(f"MTP row p{i}", 1, lambda e, s: e.mtp_rows(s, [int(ids[80 + i])], h if e is ec else e.B.upload(h), i,

@@ -7,11 +7,13 @@ from its twin's -- partial sums added in another order, tiles merged in another 
 other bits and fails here. It runs:
 
 - every op on tiny ragged shapes, column offsets, captures and device-side positions; the
-  dispatch table crossed at every threshold (1 row, then both sides of each); every version of
-  an op on its own (GEMV v1 and v3, GEMM, the one-thread-per-output launches, split-KV and tiled
-  attention, the naive recurrence beside the fast one);
+  dispatch table crossed at every threshold (1 row, then both sides of each, and the row counts
+  1, 4, 5, 8, 9, 16, 17, 63, 64, 65); bf16 weights; every version of an op on its own (GEMV of
+  each shape class, GEMM, the one-thread-per-output launches, split-KV, query-tiled prime and
+  tiled attention, the naive recurrence beside the fast one). The generated kernels' own variants
+  are tests/test_sim_{gemv,gemm,attn,gdn}.py;
 - a small random model on the engine (``harness.engine.model.Engine``, cuda backend) against the CPU
-  engine: prime, verify + rollback, decode (eager, captured, replayed), the v1 GEMV, MTP rows --
+  engine: prime, verify + rollback, decode (eager, captured, replayed), MTP rows --
   the fast kernels inside the model, logits and cache digests compared after every step.
 
 ``pytest -s`` prints one line per case.
@@ -30,14 +32,19 @@ from numba_kernels import dispatch, tags
 from numba_kernels.cpu import FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = {"gemv": {"gemv_v3_k"}, "gemm": {"gemm_k"}, "attention_split": {"attention_tile_k", "attention_merge_k"},
-           "attention_tiled": {"attention_tiled_k"}}  # dispatch table entry -> kernels (default GEMV v3)
-FAST = {"gemv_v1_k", "gemv_v3_k", "gemm_k", "attention_tile_k", "attention_merge_k", "attention_tiled_k",
-        "gdn_recurrence_fast_k"}
+# dispatch table entry -> the name prefixes of the (generated) kernels it launches
+KERNELS = {"gemv": {"gemv_"}, "gemm": {"gemm_"}, "attention_split": {"attn_split_", "attn_merge"},
+           "attention_prime": {"attn_prime_"}, "gdn_recurrence_fast": {"gdn_pipe_"}}
+FAST = set().union(*KERNELS.values())
+
+
+def _kinds(kernels):
+    """The KERNELS prefixes of launched kernel names (an unknown name stands for itself)."""
+    return {next((p for p in FAST if k.startswith(p)), k) for k in kernels}
 
 
 def _env(**more):
-    env = {k: v for k, v in os.environ.items() if k not in ("PRIMEWALK_BACKEND", "PRIMEWALK_LINEAR")}
+    env = {k: v for k, v in os.environ.items() if k != "PRIMEWALK_BACKEND"}
     env.update(NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **more)
     return env
 
@@ -82,8 +89,11 @@ def test_every_op_and_kernel_is_exercised(sim):
 def test_cases_cross_every_dispatch_threshold(sim, op):
     """For each row of the table: a case at its bound and one just past it, each served by the
     kernel the table names, through the op's own launcher."""
-    served = {c["rows"]: set(c["kernels"]) for c in sim["ops"] if c["cuda_op"] == op and c["rows"] is not None}
+    served = {c["rows"]: _kinds(c["kernels"]) for c in sim["ops"]
+              if c["op"] == c["cuda_op"] == op and c["rows"] is not None}
     assert 1 in served
+    for R, kinds in served.items():  # every case through the op's launcher ran the table's pick
+        assert kinds == KERNELS[dispatch.pick(op, R)], (op, R, kinds)
     for most, name in dispatch.TABLE[op]:
         if most is None:
             continue
@@ -96,11 +106,11 @@ def test_tiny_model_matches_cpu_bitwise(sim):
     """Logits (where a step has them) and cache digests after every step."""
     bad = [s["step"] for s in sim["model"] if s["digest_equal"] is not True or s["logits_bitwise"] is False]
     assert not bad, f"the simulated CUDA engine differs from the CPU engine at: {bad}"
-    assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 10
+    assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 9
 
 
 def test_tiny_model_runs_the_fast_kernels(sim):
-    ran = set().union(*(s["kernels"] for s in sim["model"]))
+    ran = _kinds(set().union(*(s["kernels"] for s in sim["model"])))
     assert FAST <= ran, f"fast kernels the model never ran: {FAST - ran}"
     assert not ran & {"linear_naive_k", "gdn_recurrence_naive_k"}
     rows = {s["rows"] for s in sim["model"] if s["kernels"]}
@@ -117,12 +127,3 @@ def test_front_doors_export_the_same_ops(sim):
         assert cuda_sig == (str(want["cuda"]) if "cuda" in want else None), name
     assert sim["versions"] == {n: s["of"] for n, s in sigs.items() if "of" in s}
 
-
-def test_bad_kernel_setting_is_one_line():
-    # PRIMEWALK_LINEAR picks the decode GEMV (v1 or v3); anything else is refused in one line
-    p = subprocess.run([sys.executable, "-m", "harness.cli", "logits", "--ids", "1,2,3", "--backend", "cuda",
-                        "--out", os.devnull], cwd=ROOT, env=_env(PRIMEWALK_LINEAR="v9"), capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines() == ["harness logits: error: backend cuda: PRIMEWALK_LINEAR='v9': "
-                                             "expected v1 or v3"], p.stderr

@@ -77,3 +77,20 @@ def test_check_evidence_statuses(tmp_path, capsys):
     assert ev.main(args) == 0
     (dev / "c.json").write_text(json.dumps({"commit": "x"}))
     assert [r["status"] for r in ev.check_evidence(str(root)) if r["path"].endswith("c.json")] == ["unstamped"]
+
+
+def test_device_receipts_record_the_fingerprint():
+    """The writers of device evidence stamp this checkout's fingerprint where ``harness evidence``
+    reads it: matrix receipts on cuda in ``env`` (CPU receipts do not carry it), device-check /
+    device-walker / bench at the top level (``evidence_block(REPO)``)."""
+    import inspect
+
+    from harness.gpu import bench, devicecheck
+    from harness.matrix.receipts import env_info
+
+    want = ev.code_fingerprint(ev.REPO)
+    env = env_info("cuda", device="cuda: X", driver="1")
+    assert env["code_fingerprint"] == want and ev.receipt_facts({"env": env})["fingerprint"] == want
+    assert "code_fingerprint" not in env_info("cpu")
+    for mod, n in ((devicecheck, 2), (bench, 1)):
+        assert inspect.getsource(mod).count("**evidence_block(REPO)") == n, mod.__name__

@@ -65,10 +65,11 @@ def test_host_helpers_and_versions():
     host = {n for n, s in SIGS.items() if "cuda" not in s}
     assert host and all(SIGS[n].get("host") for n in host)
     versions = {n: s["of"] for n, s in SIGS.items() if "cpu" not in s}
-    assert set(versions) == {"linear_naive", "gemv_v1", "gemv_v3", "gemm", "attention_tiled", "attention_split",
-                             "gdn_recurrence_naive"}
-    for n, of in versions.items():
-        assert SIGS[n]["cuda"] == SIGS[of]["cuda"], (n, of)
+    assert set(versions) == {"linear_naive", "gemv", "gemm", "attention_tiled", "attention_split", "attention_prime",
+                             "gdn_recurrence_naive", "gdn_recurrence_fast"}
+    for n, of in versions.items():  # the op's parameters, then at most a configuration (cfg=None)
+        mine, op = list(SIGS[n]["cuda"].parameters.values()), list(SIGS[of]["cuda"].parameters.values())
+        assert mine[:len(op)] == op and [(p.name, p.default) for p in mine[len(op):]] in ([], [("cfg", None)]), (n, of)
 
 
 def test_cpu_front_door_is_the_tags():
@@ -143,10 +144,10 @@ def test_dispatch_table_picks():
     assert dispatch.pick("linear", 1) == dispatch.pick("linear", dispatch.GEMV_MAX_ROWS) == "gemv"
     assert dispatch.pick("linear", dispatch.GEMV_MAX_ROWS + 1) == "gemm"
     assert dispatch.pick("attention", dispatch.SPLIT_MAX_ROWS) == "attention_split"
-    assert dispatch.pick("attention", dispatch.SPLIT_MAX_ROWS + 1) == "attention_tiled"
+    assert dispatch.pick("attention", dispatch.SPLIT_MAX_ROWS + 1) == "attention_prime"
+    assert dispatch.pick("gdn_recurrence", 1) == dispatch.pick("gdn_recurrence", 4096) == "gdn_recurrence_fast"
     assert all(rows[-1][0] is None for rows in dispatch.TABLE.values())
-    with pytest.raises(ValueError, match="PRIMEWALK_LINEAR='v2': expected v1 or v3"):
-        dispatch.gemv_version_from_env({"PRIMEWALK_LINEAR": "v2"})
+    assert dispatch.GEMV_BUCKETS[-1] == dispatch.GEMV_MAX_ROWS
 
 
 def test_family_functions_need_a_front_door():

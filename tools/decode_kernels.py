@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Decode-step kernels on the GPU, in isolation: the GEMV (``PRIMEWALK_LINEAR`` v1 and v3) at the
-bench-8l decode shapes and rmsnorm, each timed with CUDA events over repeated launches, every
-version checked bit for bit against the CPU twin on ragged shapes. Writes JSON; exit 1 when the
-default version (v3) differs.
+"""Decode-step kernels on the GPU, in isolation: the GEMV (``numba_kernels.linear.gemv``, its
+configuration per (N, K, R) from ``gemv_pick``; float32 and bf16 weights) at the bench-8l decode
+shapes and rmsnorm, each timed with CUDA events over repeated launches; the GEMV and the GEMM
+checked bit for bit against the CPU twin on ragged shapes (1-8 rows, the GEMM just above).
+Writes JSON; exit 1 when a kernel differs.
 
     PYTHONPATH=. python tools/decode_kernels.py --out decode-kernels.json
 """
@@ -27,25 +28,34 @@ def main(argv=None) -> int:
     from numba_kernels import cuda as kc
     from numba_kernels import dispatch
 
-    default = dispatch.GEMV_VERSION
-    VERSIONS = dispatch.GEMV_VERSIONS  # the last is the default; exit 1 when it differs from the twin
-    gemv = {ver: getattr(kc, "gemv_" + ver) for ver in VERSIONS}
+    default = "linear"  # the dispatch table's pick (gemv up to GEMV_MAX_ROWS rows, gemm above)
+    VERSIONS = ("linear", "gemv", "gemm")
+    gemv = {"linear": kc.linear, "gemv": kc.gemv, "gemm": kc.gemm}
+
+    def bf16(W):
+        return (W.view(np.uint32) >> 16).astype(np.uint16)
 
     rng = np.random.default_rng(0)
     res = {"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
            else str(cuda.get_current_device().name), "bitwise": [], "timing": []}
     ok = True
-    for R, K, N in [(1, 2048, 8448), (4, 5632, 2048), (2, 1100, 77), (3, 64, 260), (1, 4096, 300), (4, 33, 5)]:
+    cases = [(1, 2048, 8448), (4, 5632, 2048), (2, 1100, 77), (3, 64, 260), (1, 4096, 300), (4, 33, 5),
+             (5, 2048, 9000), (8, 2048, 40000), (8, 1101, 33), (dispatch.GEMV_MAX_ROWS + 1, 2048, 300)]
+    for (R, K, N), half in [(c, False) for c in cases] + [(c, True) for c in cases[:4] + cases[6:8]]:
         X = rng.standard_normal((R, K)).astype(np.float32)
         W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+        if half:
+            W = bf16(W)
         want = np.zeros((R, N), np.float32)
         kp.linear(X, W, want, R)
-        row = {"R": R, "K": K, "N": N}
+        row = {"R": R, "K": K, "N": N, "bf16": half}
         for ver in VERSIONS:
+            if ver == "gemv" and R > dispatch.GEMV_MAX_ROWS:
+                continue
             d = cuda.device_array((R, N), np.float32)
             gemv[ver](cuda.to_device(X), cuda.to_device(W), d, R)
             row[ver] = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
-        ok &= row[VERSIONS[-1]]
+            ok &= row[ver]
         res["bitwise"].append(row)
         print("bitwise", row, flush=True)
     start, stop = cuda.event(), cuda.event()
@@ -64,14 +74,15 @@ def main(argv=None) -> int:
     for name, K, N in [("gdn in", 2048, 12288 + 64), ("gdn out", 4096, 2048), ("mlp gate+up", 2048, 11264),
                        ("mlp down", 5632, 2048), ("attn qkv", 2048, 8192 + 1024), ("attn o", 4096, 2048),
                        ("lm head", 2048, 151936)]:
-        X = cuda.to_device(rng.standard_normal((1, K)).astype(np.float32))
-        W = cuda.to_device((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
-        y = cuda.device_array((1, N), np.float32)
+        W32 = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         row = {"op": name, "K": K, "N": N, "bytes": 4 * K * N}
-        for ver in VERSIONS:
-            us = timed(lambda: gemv[ver](X, W, y, 1))
-            row[f"{ver}_us"] = us
-            row[f"{ver}_TBps"] = 4 * K * N / us / 1e6
+        for R in (1, 5):
+            X = cuda.to_device(rng.standard_normal((R, K)).astype(np.float32))
+            y = cuda.device_array((R, N), np.float32)
+            for wname, W in (("f32", cuda.to_device(W32)), ("bf16", cuda.to_device(bf16(W32)))):
+                us = timed(lambda: kc.gemv(X, W, y, R))
+                row[f"gemv_{wname}_R{R}_us"] = us
+                row[f"gemv_{wname}_R{R}_TBps"] = W.nbytes / us / 1e6
         res["timing"].append(row)
         print("timing", row, flush=True)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))

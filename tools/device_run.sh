@@ -24,8 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 ms() { date +%s%N | cut -c1-13; }
 if [ "$what" = check ] || [ "$what" = all ]; then
   if ! python tools/decode_kernels.py --out "$res/decode-kernels.json" > "$res/decode-kernels.log" 2>&1; then
-    echo "GEMV v3 differs from the CPU twin (or failed): the rest runs with PRIMEWALK_LINEAR=v1" | tee -a "$res/decode-kernels.log"
-    export PRIMEWALK_LINEAR=v1
+    echo "decode kernels: a GEMV / GEMM differs from the CPU twin (or failed): see decode-kernels.log" | tee -a "$res/decode-kernels.log"
   fi
   grep -E "^(bitwise|timing|rmsnorm)" "$res/decode-kernels.log" | cut -c1-200
   if ! python - > "$res/graph-smoke.txt" 2>&1 <<'PY'

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
+from .evidence import REPO, evidence_block
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -373,6 +374,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
         "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
+        **evidence_block(REPO),
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

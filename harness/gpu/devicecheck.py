@@ -22,6 +22,7 @@ import numpy as np
 from ..atomic import write_text_atomic
 from ..engine.digests import continuation_digest, logits_digest
 from ..matrix.runner import ulp_distance
+from .evidence import REPO, evidence_block
 
 F32 = np.float32
 
@@ -45,6 +46,24 @@ def op_cases(rng, full: bool = True):
            (130, 97, 33)]
     for R, K, N in (lin if full else lin[5:]):
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
+    # every side of the dispatch table (numba_kernels.dispatch: GEMV row buckets up to 8, the GEMM
+    # above and its 64-row tiles), K % 4 != 0 (scalar loads), bf16 weights (uint16 bit patterns),
+    # the GEMV shape classes of gemv_pick (tiny / small / large / huge N), NaN and ±inf inputs
+    for R in (1, 4, 5, 8, 9, 16, 17, 63, 64, 65) + ((3000,) if full else ()):
+        K, N = (1100, 300) if R % 2 else (1024, 257)
+        add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
+        W16 = (_r(rng, N, K, scale=K ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
+        add("linear", f"bf16-R{R}-K{K}-N{N}", (_r(rng, R, K), W16, np.zeros((R, N), F32), R), [2])
+    for N in ((500, 1024, 8192, 40000) if full else (500, 1024)):
+        for R in (1, 2, 4, 5, 8):
+            add("linear", f"class-R{R}-K2048-N{N}",
+                (_r(rng, R, 2048), _r(rng, N, 2048, scale=2048 ** -0.5), np.zeros((R, N), F32), R), [2])
+    for R in (1, 8, 9):
+        X = _r(rng, R, 96)
+        X[0, 3], X[R - 1, 50] = np.nan, np.inf
+        W = _r(rng, 70, 96)
+        W[5, 7] = -np.inf
+        add("linear", f"nonfinite-R{R}-K96-N70", (X, W, np.zeros((R, 70), F32), R), [2])
     ids = rng.integers(0, 260, 9).astype(np.int32)
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
     for R, N in ([(5, 2048), (64, 64)] if full else [(64, 64)]):
@@ -68,8 +87,9 @@ def op_cases(rng, full: bool = True):
         add("conv1d_silu", f"C{C}-K{K}-R{R}",
             (_r(rng, R, C + 5), 5, _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32), R,
              np.zeros((R, K - 1, C), F32), True), [3, 4, 6])
-    gd = [(16, 32, 128, 128, 1), (16, 32, 128, 128, 70), (3, 6, 16, 24, 9)]
-    for hk, nv, dk, dv, R in (gd if full else gd[2:]):
+    gd = [(16, 32, 128, 128, 1), (16, 32, 128, 128, 70), (16, 32, 128, 128, 4), (16, 32, 128, 128, 8),
+          (16, 32, 128, 128, 9), (16, 32, 128, 128, 2500), (3, 6, 16, 24, 9)]
+    for hk, nv, dk, dv, R in (gd if full else gd[-1:]):
         kd = hk * dk
         add("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}-R{R}",
             (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
@@ -94,6 +114,16 @@ def op_cases(rng, full: bool = True):
     att = [(16, 2, 256, 0, 70), (16, 2, 256, 500, 1), (16, 2, 256, 130, 5), (3, 1, 16, 60, 9)]
     for hq, hkv, D, start, R in (att if full else att[3:]):
         attention_and_kv_write(hq, hkv, D, start, R, 3)
+    # the attention dispatch (split-KV up to SPLIT_MAX_ROWS rows, query tiles above): a context of
+    # one key, one tile, several tiles with a partial last one; query tiles starting mid-tile;
+    # odd head counts and head dims; a few thousand rows
+    thr = [(1, 0), (1, 63), (4, 61), (5, 100), (8, 0), (9, 200), (16, 61), (17, 61), (63, 1), (64, 64), (65, 10),
+           (2500, 37)]
+    for R, start in (thr if full else thr[:8]):
+        attention_and_kv_write(16, 2, 128 if full else 16, start, R, 3, cap="-thr")
+    for hq, hkv, D, start, R in ([(6, 2, 36, 30, 3), (6, 2, 36, 30, 40), (3, 3, 9, 100, 2), (3, 1, 9, 5, 70)]
+                                if full else [(3, 1, 9, 5, 20)]):
+        attention_and_kv_write(hq, hkv, D, start, R, 3, cap="-odd")
     moe = [(4, 512, 10, 512, 2048, True), (6, 8, 2, 24, 64, False)]
     for R, E, k, I, H, renorm in (moe if full else moe[1:]):
         logits = _r(rng, R, E)
@@ -249,6 +279,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
         "commit": commit, "full": full, "seed": seed,
         "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
+        **evidence_block(REPO),
         "summary": {
             "ops": len(ops_rows), "ops_bitwise": sum(r["verdict"] == "bitwise" for r in ops_rows),
             "schedules": len(models),
@@ -312,6 +343,7 @@ def device_walker(out_path, commit=None, lengths=(130, 257, 1000, 2061), ks=(1, 
                "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "device": gpu.device_name(), "driver": gpu.driver(), "cpu": bk.get_backend("cpu").device_name(),
                "commit": commit, "model": "tiny", "weights_sha256": ck.sha256, "wall_s": walls, "cases": cases,
+               **evidence_block(REPO),
                "summary": {"cases": len(cases), "all_pass": all(c["cpu_ok"] and c["cuda_ok"] for c in cases),
                            "digests_equal": all(c["digests_equal"] for c in cases)}}
     write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")

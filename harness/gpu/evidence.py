@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 KERNEL_DIR = "numba_kernels"
 KERNEL_EXCLUDE = ("reference.py",)  # the float64 oracle: never runs on a GPU
 # engine files that pick kernels, lay out their inputs and launch them (relative to the repo root)

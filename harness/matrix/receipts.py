@@ -12,7 +12,8 @@ diffs and plots, see :data:`READABLE_SCHEMAS` and :data:`FIELD_SINCE`)::
     {"schema_version": 2, "kind": "matrix", "created": "2026-11-29T17:00:00Z",
      "env": {"git_sha", "git_dirty", "python", "numba", "numpy", "platform",
              "backend": "cpu"|"cuda", "device", "driver",
-             "threads"², "threads_why"², "cores"², "load"²: {"start": [1, 5, 15 min], "end": [...]}},
+             "threads"², "threads_why"², "cores"², "load"²: {"start": [1, 5, 15 min], "end": [...]},
+             "code_fingerprint", "fingerprint_files" (cuda only: harness.gpu.evidence)},
      "model": {"name", "path", "weights_sha256", "config": {...},
                "tokenizer"²: {"name": "byte"|"tokenizer.json"|"none", "sha256", ...}},
      "spec": {...},  "spec_hash": spec_hash(spec),
@@ -228,7 +229,16 @@ def env_info(backend: str, device: str | None = None, driver: str | None = None)
         "backend": backend,
         "device": device if device is not None else (_cpu_name() if backend == "cpu" else backend),
         "driver": driver,
+        **({} if backend == "cpu" else _fingerprint()),
     }
+
+
+def _fingerprint() -> dict:
+    """``code_fingerprint`` / ``fingerprint_files`` of this checkout (``harness evidence`` reads
+    them from a device receipt's ``env``; CPU receipts do not carry them)."""
+    from ..gpu.evidence import REPO, evidence_block
+
+    return evidence_block(REPO)
 
 
 def receipt_pair(root, a, b):

@@ -1,14 +1,14 @@
-"""kernels_proto/gemv.py under Numba's CUDA simulator, bit for bit against the CPU twin.
+"""The GEMV (numba_kernels.linear: gemv_source, GemvCfg, gemv_pick) under Numba's CUDA simulator, bit for bit against the CPU twin.
 
 The simulator must be on before numba is imported, so the cases run in a subprocess. Its ``fma``
-(kernels_proto.prims) is a true fused multiply-add, so the comparison is bitwise, no tolerance.
+(numba_kernels.launch) is a true fused multiply-add, so the comparison is bitwise, no tolerance.
 The cases walk every edge of the kernel's tiling: each warp shape (OW = 2, 4, 8, 16 outputs per
 warp, 1 or 2 rows of W per lane), K split over 1, 2, 3 and 4 warps, 1-3 chunks of weights in flight with odd and even chunk
 counts, a partial last chunk, a partial last slice (K % 32 != 0), K % 4 != 0 and bf16 K % 8 != 0
 (the scalar path), N not a multiple of the block's outputs and N smaller than it, R below the
 row bucket (rows past R are not written), X with a row stride > K, the default configuration of
 every row bucket (``pick``), products that underflow to -0, and bf16 weights equal to the fp32
-kernel on the widened weights. The probe's ``--sim`` mode runs end to end as a smoke test.
+kernel on the widened weights. 
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ SCRIPT = textwrap.dedent(r'''
     from numba.core import config
     assert config.ENABLE_CUDASIM
     from numba_kernels import cpu as kp
-    from kernels_proto import gemv as G
+    from numba_kernels import cuda as kc
+    from numba_kernels import linear as L
+
+    def launch(X, W, out, R, cfg):
+        kc.LAUNCHES.clear()
+        kc.gemv(X, W, out, R, cfg=cfg)
+        (name,) = kc.LAUNCHES
+        return name
 
     rng = np.random.default_rng(0)
     res = []
@@ -51,12 +58,12 @@ SCRIPT = textwrap.dedent(r'''
         want = np.full((R + 1, N), 7.0, np.float32)
         kp.linear(np.ascontiguousarray(X[:, :K]), Wf, want, R)
         got = cuda.to_device(np.full((R + 1, N), 7.0, np.float32))
-        used = G.launch(cuda.to_device(X), cuda.to_device(Wb if bf16 else Wf), got, R, cfg)
+        used = launch(cuda.to_device(X), cuda.to_device(Wb if bf16 else Wf), got, R, cfg)
         got = got.copy_to_host()
         ok = bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
-        res.append(dict(cfg=used.name(), R=R, K=K, N=N, XS=XS, ok=ok))
+        res.append(dict(cfg=used, R=R, K=K, N=N, XS=XS, ok=ok))
 
-    C = G.Cfg
+    C = L.GemvCfg
     # warp shapes, K splits, prefetch depths; chunk counts odd / even / partial
     case(C(RB=2, OW=4, NOG=2, NG=1, PF=1), 2, 8 * 32 * 3, 8)               # 3 full chunks
     case(C(RB=2, OW=4, NOG=2, NG=1, PF=1), 1, 8 * 32 * 3 + 64, 9)          # partial last chunk
@@ -84,9 +91,9 @@ SCRIPT = textwrap.dedent(r'''
     case(C(RB=4, OW=8, NOG=1, NG=2, PF=1, BF16=True, VEC=False), 4, 1101, 10, bf16=True)
     # the default configuration of every row bucket, large- and small-N families (run on small N)
     for R in (1, 3, 5, 8):
-        case(G.pick(9000, 600, R), R, 600, 40)
+        case(L.gemv_pick(9000, 600, R), R, 600, 40)
         case(None, R, 600 if R in (1, 5) else 300, 9)     # cfg=None: launch() picks (tiny N at R = 1)
-    case(G.pick(2048, 600, 2), 2, 600, 9)
+    case(L.gemv_pick(2048, 600, 2), 2, 600, 9)
     case(None, 2, 333, 11)                   # K % 4 != 0 → scalar path chosen by launch()
     case(None, 3, 600, 21, bf16=True)
     print("RESULT " + json.dumps(res))
@@ -113,12 +120,3 @@ def test_gemv_bitwise_under_simulator(sim):
     assert len(sim) >= 30
     assert not bad, bad
 
-
-def test_probe_sim_mode(tmp_path):
-    """tools/probe_gemv.py --sim runs end to end (tiny shapes, no torch needed)."""
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "probe_gemv.py"), "--sim", "--out",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    out = json.loads((tmp_path / "probe_gemv.json").read_text())
-    assert out["mode"] == "sim" and out["checks"] and all(c["ok"] for c in out["checks"]), out["checks"]

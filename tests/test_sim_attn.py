@@ -1,7 +1,8 @@
-"""``kernels_proto/attn.py`` under Numba's CUDA simulator, bit for bit against the CPU twin.
+"""The query-tiled prime attention and the split-KV decode (``numba_kernels.attention``:
+``attention_source``, ``attention_merge_source``, ``AttnCfg``, ``prime_config``, ``split_config``) under Numba's CUDA simulator, bit for bit against the CPU twin.
 
 The simulator must be switched on before numba is imported, so the cases run in a subprocess (the
-script below prints one JSON line per case). ``kernels_proto.prims.fma`` is a true fused
+script below prints one JSON line per case). ``numba_kernels.launch.fma`` is a true fused
 multiply-add under the simulator, so the comparison is bitwise (``uint32`` views), no tolerance.
 
 Covered: every prime variant's code paths (query tiles of 64 rows × 1 head and of rows × the heads
@@ -32,8 +33,9 @@ SCRIPT = textwrap.dedent(r'''
     from numba.core import config
     assert config.ENABLE_CUDASIM, "the simulator is not on"
     from numba_kernels import cpu as kp
-    from kernels_proto import attn
-    assert attn.SIMULATED
+    from numba_kernels import attention as A
+    from numba_kernels import cuda as kc
+    assert kc.SIMULATED
 
     F32 = np.float32
     rng = np.random.default_rng(0)
@@ -41,24 +43,27 @@ SCRIPT = textwrap.dedent(r'''
     def case(kind, name, R, start, hq, hkv, D, pos=None, cap=None, poison=False, **kw):
         cap = cap or start + (pos or 0) + R + 3
         Q = rng.standard_normal((R, hq * D)).astype(F32)
-        kc = rng.standard_normal((cap, hkv * D)).astype(F32)
+        kc_ = rng.standard_normal((cap, hkv * D)).astype(F32)
         vc = rng.standard_normal((cap, hkv * D)).astype(F32)
         if poison:  # scores of +inf, -inf and NaN; a NaN query; NaN as the first key of a tile
-            kc[3, :D] = np.inf
-            kc[5, D - 1] = -np.inf
-            kc[64, 0] = np.nan
-            kc[7, 1] = np.nan
+            kc_[3, :D] = np.inf
+            kc_[5, D - 1] = -np.inf
+            kc_[64, 0] = np.nan
+            kc_[7, 1] = np.nan
             Q[min(2, R - 1), 0] = np.nan
             vc[9, 2] = np.inf
         scale = F32(D ** -0.5)
         want = np.full((R, hq * D), 7.0, F32)
-        kp.attention(Q, kc, vc, want, start + (pos or 0), R, hq, hkv, D, scale)
+        kp.attention(Q, kc_, vc, want, start + (pos or 0), R, hq, hkv, D, scale)
         out = cuda.to_device(np.full((R, hq * D), 7.0, F32))
         pb = None if pos is None else cuda.to_device(np.array([pos], np.int32))
         t = time.time()
-        fn = attn.attention_prime if kind == "prime" else attn.attention_split
-        fn(cuda.to_device(Q), cuda.to_device(kc), cuda.to_device(vc), out, start, R, hq, hkv, D, scale, pos=pb,
-           variant=name, **kw)
+        if kind == "prime":
+            fn, cfg = kc.attention_prime, A.prime_config(hq, hkv, D, variant=name, **kw)
+        else:
+            fn, cfg = kc.attention_split, A.split_config(R, hq, hkv, D, variant=name, **kw)
+        assert fn(cuda.to_device(Q), cuda.to_device(kc_), cuda.to_device(vc), out, start, R, hq, hkv, D, scale,
+                  pos=pb, cfg=cfg)
         got = out.copy_to_host()
         same = bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
         print(json.dumps(dict(case=f"{kind} {name} {kw} R{R} start{start} hq{hq} hkv{hkv} D{D} pos{pos} cap{cap}"
@@ -85,14 +90,13 @@ SCRIPT = textwrap.dedent(r'''
         case("split", None, 2, 64, 2, 1, 16, poison=True)          # NaN / inf
         case("split", "s8", 1, 1100, 2, 1, 4)                      # 18 tiles: the merge's batches of 16
         # one captured launch shape (numba_kernels.cuda.capture) replayed at three device positions
-        from numba_kernels import cuda as kc
         R, hq, hkv, D, cap = 2, 4, 2, 8, 200
         Q = rng.standard_normal((R, hq * D)).astype(F32)
         kcache, vcache = (rng.standard_normal((cap, hkv * D)).astype(F32) for _ in range(2))
         dQ, dk, dv = cuda.to_device(Q), cuda.to_device(kcache), cuda.to_device(vcache)
         out, pos, scale = cuda.to_device(np.zeros((R, hq * D), F32)), cuda.to_device(np.array([100], np.int32)), F32(0.35)
-        attn.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos)  # allocates the statistics
-        g, _ = kc.capture(lambda: attn.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos))
+        kc.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos)  # allocates the statistics
+        g, _ = kc.capture(lambda: kc.attention_split(dQ, dk, dv, out, 0, R, hq, hkv, D, scale, pos=pos))
         for p in (10, 150, 190):
             pos.copy_to_device(np.array([p], np.int32))
             g.replay()
