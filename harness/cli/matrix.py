@@ -13,6 +13,7 @@ from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
 from ..matrix.diff import diff_receipts
 from ..matrix.receipts import merge_receipts, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
+from . import workers as parallel
 from .progress import Progress
 
 
@@ -57,7 +58,8 @@ def summary_line(receipt: dict, path: str, plots: list | None) -> str:
 
 def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
-    spec = load_spec(args.spec, backend=args.backend, model=args.model)
+    spec = load_spec(args.spec, backend=parallel.backend_for(args), model=args.model)
+    executor = parallel.executor_from_args(args, spec) if parallel.parallel_requested(args) else None
     if args.update_golden:
         if spec.golden is None:
             raise PrimewalkError(f"--update-golden: {spec.where} is not a built-in spec; only the specs under "
@@ -77,7 +79,12 @@ def cmd_run_matrix(args) -> int:
                                  f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
                                  + ", ".join(why))
     out = spec.golden if args.update_golden else (args.out or default_out(spec, shard))
-    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet))
+    if executor is None:
+        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet))
+    else:
+        from ..matrix.pool import run_parallel
+
+        receipt = run_parallel(spec, shard, executor[0], executor[1], progress=Progress(args.quiet))
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
     if args.update_golden and failed:
         out = default_out(spec, shard)
@@ -114,6 +121,9 @@ def _register_run_matrix(subparsers) -> None:
                "  harness run-matrix --shard 0/2 --out out/s0.json && harness run-matrix --shard 1/2 "
                "--out out/s1.json\n"
                "  harness merge out/default.json out/s0.json out/s1.json\n"
+               "  harness run-matrix --workers 2                       # two worker processes, one receipt\n"
+               "  harness run-matrix --gpus all --out out/gpus.json    # one worker per GPU (cuda)\n"
+               "  harness run-matrix --executor ray --address auto     # Ray actors, one GPU/CPU share each\n"
                "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
@@ -136,6 +146,7 @@ def _register_run_matrix(subparsers) -> None:
                         "under harness/specs/ only, cpu backend, no --out/--shard/--model)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no per-cell lines")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
+    parallel.add_args(p)
     p.set_defaults(func=cmd_run_matrix)
 
 

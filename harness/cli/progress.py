@@ -73,6 +73,14 @@ class Progress(SilentProgress):
         else:
             print(line, flush=True)
 
+    def warning(self, text: str) -> None:
+        """A worker died (see harness.matrix.pool): said on stderr even with ``quiet``."""
+        line = f"warning: {text}"
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -203,9 +203,9 @@ def model_block(models: dict) -> dict:
 class SilentProgress:
     """What :func:`run_matrix` tells about its progress, and the silent default: ``notes`` (the
     cells left out, before anything loads), ``begin`` (the number of cells to run, once the
-    models are loaded), ``start`` (cell i of total begins), ``done`` (its receipt entry), and
-    ``close`` (always, also on an error). ``harness.cli.progress.Progress`` is the console
-    display."""
+    models are loaded), ``start`` (cell i of total begins), ``done`` (its receipt entry),
+    ``warning`` (a worker of a parallel run died; its cells run again elsewhere), and ``close``
+    (always, also on an error). ``harness.cli.progress.Progress`` is the console display."""
 
     def notes(self, notes: list) -> None:
         pass
@@ -219,8 +219,22 @@ class SilentProgress:
     def done(self, entry: dict) -> None:
         pass
 
+    def warning(self, text: str) -> None:
+        pass
+
     def close(self) -> None:
         pass
+
+
+def in_shard(cells: list, shard: tuple) -> list:
+    """The cells of shard (I, N): those whose spec order i has i % N == I."""
+    index, count = shard
+    return [c for c in cells if c.order % count == index]
+
+
+def indep_key(cell: Cell) -> tuple:
+    """The key of the independent unyielded prime a cell is judged by: its group and its points."""
+    return cell.group + (cell.points,)
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
@@ -228,14 +242,14 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
-    :class:`SilentProgress`, the default)."""
+    :class:`SilentProgress`, the default). :mod:`.pool` runs the same cells in worker processes or
+    on Ray, with the same receipt."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     cells, notes = expand(spec)
     progress.notes(notes)
     models = models if models is not None else load_models(spec)
-    index, count = shard
-    mine = [c for c in cells if c.order % count == index]
+    mine = in_shard(cells, shard)
     by_id = {c.id: c for c in cells}
     oracles: dict = {}  # oracle cell id -> Raw
     indep: dict = {}  # (cell group, points) -> (logits, capture digest)
@@ -253,32 +267,50 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
                 raw = oracles[cell.oracle]
             else:
                 raw = run_cell(m.engine, cell, ids, spec.max_new_tokens)
-            key = cell.group + (cell.points,)
+            key = indep_key(cell)
             if key not in indep:
                 indep[key] = oracle_prime(m.engine, ids, cell.k, list(cell.points), cell.sampling)
             ilogits, icaps = indep[key]
-            entry = {
-                "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
-                "prompt_len": cell.prompt.length, "variant": cell.variant,
-                "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
-                "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
-                "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
-                "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
-                "tape": raw.tape, "yields": raw.yields, "digests": dict(raw.digests),
-                "verdict": verdict(cell, raw, oracles[cell.oracle], np.asarray(ilogits), icaps),
-                "continuation": {"tokens": list(raw.tokens)},
-                "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
-            }
+            entry = cell_entry(spec, cell, raw, oracles[cell.oracle], ilogits, icaps)
             out.append(entry)
             progress.done(entry)
     finally:
         progress.close()
     first = next(iter(models.values()))
-    B = first.engine.B
-    env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
-                   driver=None if spec.backend == "cpu" else B.driver())
+    return make_receipt(spec, model_block(models), engine_env(spec, first.engine), shard,
+                        time.perf_counter() - t0, notes, out)
+
+
+def cell_entry(spec: MatrixSpec, cell: Cell, raw: Raw, oracle: Raw, indep_logits, indep_captures: str) -> dict:
+    """The receipt entry of ``cell``: its schedule, what its run produced and its verdict against
+    ``oracle`` (the Raw of ``cell.oracle``) and the independent prime of its group and points."""
+    return {
+        "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
+        "prompt_len": cell.prompt.length, "variant": cell.variant,
+        "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
+        "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
+        "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
+        "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
+        "tape": raw.tape, "yields": raw.yields, "digests": dict(raw.digests),
+        "verdict": verdict(cell, raw, oracle, np.asarray(indep_logits), indep_captures),
+        "continuation": {"tokens": list(raw.tokens)},
+        "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
+    }
+
+
+def engine_env(spec: MatrixSpec, engine) -> dict:
+    """The receipt's ``env`` block for a run on ``engine``'s backend."""
+    B = engine.B
+    return env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
+                    driver=None if spec.backend == "cpu" else B.driver())
+
+
+def make_receipt(spec: MatrixSpec, model: dict, env: dict, shard: tuple, wall_s: float, notes: list,
+                 entries: list) -> dict:
+    """The receipt of a run of ``spec`` (shard (I, N)) whose cell entries are ``entries``."""
+    index, count = shard
     data = dict(spec.data)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": utc_now(), "env": env,
-            "model": model_block(models), "spec": data, "spec_hash": spec_hash(data),
-            "shard": {"index": index, "count": count}, "wall_s": time.perf_counter() - t0,
-            "notes": list(notes), "cells": out}
+            "model": model, "spec": data, "spec_hash": spec_hash(data),
+            "shard": {"index": index, "count": count}, "wall_s": wall_s,
+            "notes": list(notes), "cells": entries}
