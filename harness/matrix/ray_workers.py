@@ -72,7 +72,7 @@ class RayExecutor:
                 _reachable(self.address)
                 try:
                     ray.init(address=self.address, include_dashboard=False, logging_level=logging.ERROR)
-                except (ConnectionError, ValueError, RuntimeError) as e:
+                except Exception as e:  # Ray raises plain Exceptions too (a raylet that does not start)
                     where = self.address or os.environ.get("RAY_ADDRESS") or "a local instance"
                     raise PrimewalkError(f"--executor ray: cannot start or reach Ray at {where} "
                                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None

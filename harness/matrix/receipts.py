@@ -14,6 +14,7 @@ Schema version 1::
      "model": {"name", "path", "weights_sha256", "config": {...}},
      "spec": {...},  "spec_hash": spec_hash(spec),
      "shard": {"index": 0, "count": 1},  "wall_s": float,
+     "executor"?: {"kind": "workers"|"ray", "workers": [...], "tasks", "incidents": [...]},
      "cells": [{"id", "order"?, "model", "prompt", "prompt_len", "variant", "variant_args",
                 "chunk_rows", "k", "sampling", "temperature", "seed", "mode", "oracle",
                 "tape": [[phase, rows], ...], "yields",
@@ -74,6 +75,7 @@ FIELD_ROLES = (
     ("receipt", "created", INFORMATIONAL),
     ("receipt", "wall_s", INFORMATIONAL),
     ("receipt", "model.path", INFORMATIONAL),
+    ("receipt", "executor.*", INFORMATIONAL),  # how a parallel run was spread (harness.matrix.pool)
 )
 
 VERDICTS = ("bitwise", "tolerance", "fail")
@@ -463,7 +465,8 @@ def merge_receipts(receipts) -> dict:
     of another schema, spec, model, kind or backend, shards of different counts, a shard given
     twice or missing, and duplicate cell ids. Cells come out in spec order (``cell["order"]``,
     then id). ``env`` is the first shard's; ``created`` the latest; ``wall_s`` the longest shard
-    (shards run side by side); ``merged_from`` records each shard's index, created and wall_s.
+    (shards run side by side); ``merged_from`` records each shard's index, created and wall_s
+    (and its ``executor`` block, when it was a parallel run).
     """
     items = [read_receipt(r) if not isinstance(r, dict) else r for r in receipts]
     if not items:
@@ -501,13 +504,13 @@ def merge_receipts(receipts) -> dict:
             owner[cell["id"]] = r["shard"]["index"]
             cells.append(cell)
     by_index = sorted(items, key=lambda r: r["shard"]["index"])
-    merged = {k: v for k, v in first.items() if k not in ("cells", "shard", "created", "wall_s")}
+    merged = {k: v for k, v in first.items() if k not in ("cells", "shard", "created", "wall_s", "executor")}
     merged.update(
         shard={"index": 0, "count": 1},
         created=max(str(r["created"]) for r in items),
         wall_s=max((r.get("wall_s") or 0.0) for r in items),
-        merged_from=[{"index": r["shard"]["index"], "created": r["created"], "wall_s": r.get("wall_s")}
-                     for r in by_index],
+        merged_from=[dict({"index": r["shard"]["index"], "created": r["created"], "wall_s": r.get("wall_s")},
+                          **({"executor": r["executor"]} if "executor" in r else {})) for r in by_index],
         cells=sorted(cells, key=cell_order_key),
     )
     return merged
