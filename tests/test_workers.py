@@ -235,24 +235,25 @@ def ray_local():
     ray.shutdown()
 
 
-def test_ray_gives_the_single_process_receipt_even_when_an_actor_dies(ray_local, tmp_path, monkeypatch):
-    out = tmp_path / "ray.json"
+def _ray_run(tmp_path, name) -> dict:
+    """``run-matrix --executor ray`` on the tiny spec: its receipt equals the golden; its
+    executor block and stderr come back."""
+    out = tmp_path / f"{name}.json"
     rc, _, err = _run(["run-matrix", "--spec", TINY, "--executor", "ray", "--out", str(out), "--no-plots",
                        "--quiet"])
     assert rc == 0, err
     _equal_to_golden(out)
-    ex = read_receipt(str(out))["executor"]
+    return read_receipt(str(out))["executor"], err
+
+
+def test_ray_gives_the_single_process_receipt_even_when_an_actor_dies(ray_local, tmp_path, monkeypatch):
+    ex, _ = _ray_run(tmp_path, "ray")
     assert ex["kind"] == "ray" and ex["cluster"]["CPU"] == 2 and len(ex["workers"]) == 2
     assert all(w["threads"] == 1 and w["tasks"] > 0 for w in ex["workers"]) and ex["incidents"] == []
     assert ray_local.is_initialized()  # a Ray it did not start is left running
     # actor 1 dies on its second task: reported, the task re-run on actor 0, the receipt unchanged
     monkeypatch.setenv(tasks.DIE_ENV, "1:1")
-    out = tmp_path / "ray-dead.json"
-    rc, _, err = _run(["run-matrix", "--spec", TINY, "--executor", "ray", "--out", str(out), "--no-plots",
-                       "--quiet"])
-    assert rc == 0, err
-    _equal_to_golden(out)
-    ex = read_receipt(str(out))["executor"]
+    ex, err = _ray_run(tmp_path, "ray-dead")
     assert len(ex["incidents"]) == 1 and ex["incidents"][0].startswith("worker 1 (Ray actor) died")
     assert not ex["workers"][1]["alive"] and ex["workers"][1]["tasks"] == 1
     assert f"warning: {ex['incidents'][0]}" in err
