@@ -977,7 +977,7 @@ def _target():
     """Where ``numba_kernels.cuda`` sends launches now (None: run; a list or a GraphBuilder:
     ``capture``), so the prototype can be captured into a CUDA graph like the package's kernels."""
     import sys
-    m = sys.modules.get("numba_kernels.cuda")
+    m = sys.modules.get("numba_kernels.launch")
     return None if m is None else m._Launch.target
 
 

@@ -22,7 +22,7 @@ from numba import cuda, njit  # noqa: E402
 from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from numba_kernels import exact  # noqa: E402
+from numba_kernels import attention, exact, tags  # noqa: E402
 
 SIMULATED = bool(_config.ENABLE_CUDASIM)
 F32 = np.float32
@@ -72,6 +72,8 @@ else:
         return np.array([i], np.int32).view(np.float32)[0]
 
 
-B = exact.specialise({"fma": fma, "fmul": fmul, "bits_to_f32": bits_to_f32}, dev)
+# the shared exact bodies (exact.py, attention.py merge steps) compiled for this target
+B, _ = tags.build([exact, attention], __name__, {"fma": fma, "fmul": fmul, "bits_to_f32": bits_to_f32},
+                  {"body": lambda f, _tag: dev(f)})
 SLICE = exact.SLICE
 ATT_TILE = exact.ATT_TILE

@@ -160,7 +160,9 @@ def make_receipt(backend: str = "cpu", device: str | None = None, prompts: dict 
         "env": {"git_sha": "0" * 40, "git_dirty": False, "python": "3.11.7", "numba": "0.68.1",
                 "numpy": "2.4.6", "platform": "Linux-x86_64", "backend": backend,
                 "device": device or ("NVIDIA H200" if backend == "cuda" else "synthetic cpu"),
-                "driver": "570.00" if backend == "cuda" else None},
+                "driver": "570.00" if backend == "cuda" else None,
+                "threads": None if backend == "cuda" else 2, "threads_why": "auto (0.1 of 2 CPUs busy)",
+                "cores": 2, "load": {"start": [0.1, 0.2, 0.3], "end": [1.9, 0.8, 0.4]}},
         "model": {"name": MODEL, "path": "models/tiny", "weights_sha256": WEIGHTS_SHA,
                   "config": {"hidden_size": 64, "num_hidden_layers": 4,
                              "layer_types": ["linear_attention"] * 3 + ["full_attention"],
@@ -169,6 +171,8 @@ def make_receipt(backend: str = "cpu", device: str | None = None, prompts: dict 
         "spec_hash": spec_hash(spec),
         "shard": {"index": index, "count": count},
         "wall_s": 12.5,
+        "warmup_s": 0.5,
+        "skipped": [],
         "cells": cells[index::count],
     }
 

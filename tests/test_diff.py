@@ -134,7 +134,7 @@ def test_cells_in_one_receipt_only(pair):
 
 @pytest.mark.parametrize("what, change", [
     ("spec_hash", lambda r: (r["spec"].update(k=[1]), r.update(spec_hash=spec_hash(r["spec"])))),
-    ("schema_version", lambda r: r.update(schema_version=2)),
+    ("schema", lambda r: r.update(schema_version=99)),
     ("weights_sha256", lambda r: r["model"].update(weights_sha256="e" * 64)),
 ])
 def test_unusable(pair, what, change):
@@ -180,8 +180,12 @@ def test_cli_long_tables_are_cut(tmp_path, pair, capsys):
     assert cli("diff", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)) == 1
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 + diff.MAX_ROWS + 2
-    assert out[-2] == f"… {N - diff.MAX_ROWS} more"
+    assert out[-2] == f"… {N - diff.MAX_ROWS} more (--all shows every row)"
     assert out[-1] == f"diff: {N} drift(s) in {N} of {N} cells"
+    # --all: every row, no cut
+    assert cli("diff", "--all", str(tmp_path / "a.json"), str(tmp_path / "b.json")) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 + N + 1 and not any(line.startswith("…") for line in out)
 
 
 def test_cli_timing_tolerance(tmp_path, pair, capsys):

@@ -118,7 +118,7 @@ BAD_SPECS = [
      "models.tiny: no/such/folder: not a checkpoint folder"),
     (TINY_SPEC.replace('name = "hello"', 'name = "p30"'), "prompts[1].text: prompt name 'p30' is already used"),
     (TINY_SPEC.replace("max_new_tokens = 8", "max_new_tokens = 8\nmax_new_tokens = 9"), "not valid TOML"),
-    ("k = [1]\nvariants = [\"unyielded\"]\n", "prompts: missing"),
+    ("k = [1]\nvariants = [\"unyielded\"]\n", "missing required key: prompts"),
 ]
 
 
@@ -157,7 +157,7 @@ def test_update_golden_takes_built_in_specs_only_each_to_its_own_golden(tmp_path
     for spec in (_write(tmp_path, TINY_SPEC), copy):
         rc, _, err = _run(["run-matrix", "--spec", spec, "--update-golden", "--no-plots"])
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
-        assert f"{spec} is not a built-in spec; only the specs under harness/specs/ have a golden" in err
+        assert f"{spec} is not a built-in spec; give the golden's path with --golden PATH" in err
     tiny = os.path.join("harness", "specs", "tiny.toml")
     for argv, why in ((["--backend", "cuda"], "the backend is cuda"),
                       (["--spec", tiny, "--out", str(tmp_path / "x.json")], "--out is given"),
@@ -299,7 +299,10 @@ def test_tiny_spec_end_to_end(tiny):
     assert "tiny/hello/unyielded/k2/t0.9" in by and "tiny/p72/unyielded/k1/t0.9" not in by
     assert not any(c["prompt"] == "p72" and c["variant"] == "split" and c["variant_args"]["split"] == 0
                    for c in cells)
-    assert any("variants[3]" in n and "p72" in n for n in receipt["notes"])  # 0.5 of 72 -> row 0
+    # 0.5 of 72 -> row 36 (the grid row 0 leaves no first segment), the cell of the explicit 36
+    assert any("variants[3]" in n and "p72" in n and "same cell" in n for n in receipt["notes"])
+    assert {"model": "tiny", "prompt": "p72", "prompt_len": 72, "variant": "split", "entry": "variants[3]",
+            "schedule": "split@0.5", "reason": "gives the same cell as variants[3] (split@36)"} in receipt["skipped"]
     for c in cells:
         trunk = sum(r for ph, r in c["tape"] if ph == "mtp-trunk")
         assert trunk == c["prompt_len"]
@@ -308,7 +311,9 @@ def test_tiny_spec_end_to_end(tiny):
         assert c["timings"]["prime_tokens_per_s"] > 0 and len(c["timings"]["chunk_wall_s"]) == len(c["tape"])
     # one line per cell, then the summary
     lines = stdout.strip().splitlines()
-    assert [line.split()[1] for line in lines if line.startswith("cell ")] == ids
+    cell_lines = [line for line in lines if " cell " in line]
+    assert [line.split()[0] for line in cell_lines] == [f"[{i + 1}/{len(ids)}]" for i in range(len(ids))]
+    assert [line.split()[2] for line in cell_lines] == ids
     assert lines[-1].startswith(f"matrix: {len(cells)} cells: {len(cells)} bitwise, 0 fail in ")
     assert out in lines[-1]
 

@@ -279,11 +279,12 @@ print(cpu.__file__, float(o[0, 0]), float(f(np.float32(1.0))))
 """
 
 
-def test_kernel_cache_follows_exact_py(tmp_path):
-    """The twins are cached on disk (``cache=True``) and have exact.py's bodies compiled in: an
-    edit to exact.py alone must not load stale kernels, and a new njit caller of a cached body
-    must load (regressions: numba keyed the twins on cpu.py only; the clones had no ``__name__``
-    and numba's cache loader failed on ``importlib.import_module(None)``)."""
+def test_kernel_cache_follows_every_family_file(tmp_path):
+    """The twins are cached on disk (``cache=True``) and have other family files' bodies compiled
+    in: an edit to exact.py alone (the canonical dot, which rmsnorm in norms.py calls) must not
+    load stale kernels, nor an edit to norms.py, and a new njit caller of a cached body must load
+    (regressions: numba keyed the twins on cpu.py only; the clones had no ``__name__`` and
+    numba's cache loader failed on ``importlib.import_module(None)``)."""
     import shutil
     import subprocess
 
@@ -304,16 +305,23 @@ def test_kernel_cache_follows_exact_py(tmp_path):
         assert os.path.dirname(path) == str(pkg)
         return float(norm), float(e)
 
-    first = run()
+    def edit(name, old, new):
+        f = pkg / name
+        text = f.read_text()
+        assert text.count(old) == 1, (name, old)
+        f.write_text(text.replace(old, new))
+
+    first = run()  # x = 3 in every column: 3 / sqrt(36 / 4 + eps)
+    assert abs(first[0] - 1.0) < 1e-6
     assert any(f.endswith(".nbi") for f in os.listdir(pkg / "__pycache__")), "nothing was cached"
     assert run() == first  # from the cache
-    ex = pkg / "exact.py"
-    text = ex.read_text()
-    old = "return ONE / math.sqrt(ss / F32(n) + F32(eps))"
-    assert old in text
-    ex.write_text(text.replace(old, "return TWO / math.sqrt(ss / F32(n) + F32(eps))"))
-    norm, e = run()
-    assert abs(norm - 2 * first[0]) < 1e-6, f"stale kernel: rmsnorm {norm} after exact.py changed (was {first[0]})"
+    edit("exact.py", "    acc = ZERO\n    for k0 in range(0, n, SLICE):", "    acc = ONE\n    for k0 in range(0, n, SLICE):")
+    norm, e = run()  # the dot now starts at 1: 3 / sqrt(37 / 4 + eps)
+    assert abs(norm - 3 / math.sqrt(9.25)) < 1e-6, f"stale kernel: rmsnorm {norm} after exact.py changed"
+    assert e == first[1]
+    edit("norms.py", "return ONE / sqrt32(ss / F32(n) + F32(eps))", "return TWO / sqrt32(ss / F32(n) + F32(eps))")
+    norm2, e = run()
+    assert abs(norm2 - 2 * norm) < 1e-6, f"stale kernel: rmsnorm {norm2} after norms.py changed (was {norm})"
     assert e == first[1]
 
 

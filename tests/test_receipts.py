@@ -267,7 +267,7 @@ def _other_model(parts):
 
 
 def _other_schema(parts):
-    parts[2]["schema_version"] = 2
+    parts[2]["schema_version"] = 1  # an older schema: readable, but not mergeable with 2
 
 
 def _stolen_cell(parts):
@@ -289,7 +289,7 @@ def _other_backend(parts):
 @pytest.mark.parametrize("breakage, message", [
     (_other_spec, "spec_hash"),
     (_other_model, "weights_sha256"),
-    (_other_schema, "schema 2"),
+    (_other_schema, "schema_version 1"),
     (_stolen_cell, "is in shard 0 and shard 1"),
     (_repeated_shard, "shard 1 of 3 given more than once"),
     (_missing_shard, "shard(s) 1 of 3 missing"),
@@ -310,7 +310,8 @@ def test_merge_of_nothing():
 
 
 def test_module_constants():
-    assert receipts.SCHEMA_VERSION == 1
+    assert receipts.SCHEMA_VERSION == 2
+    assert receipts.READABLE_SCHEMAS == (1, 2)
 
 
 def test_other_kinds_of_receipt_are_named(tmp_path):

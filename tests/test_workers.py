@@ -10,8 +10,10 @@ matrices take minutes on two cores; the README says how they were compared once.
 
 import contextlib
 import io
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +31,10 @@ from harness.matrix.receipts import merge_receipts, read_receipt
 from harness.matrix.runner import indep_key
 from harness.matrix.specfile import load_spec
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import own_checkpoint as oc  # noqa: E402
+
 TINY = os.path.join(SPECS_DIR, "tiny.toml")
 GOLDEN = golden_path("tiny")
 
@@ -39,6 +45,9 @@ def _run(argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = cli.main(argv)
     return rc, out.getvalue(), err.getvalue()
+
+
+CELL_LINE = re.compile(r"^\[\d+/\d+\] cell (\S+) ")  # the progress display's line per finished cell
 
 
 def _equal_to_golden(path):
@@ -104,8 +113,81 @@ def test_two_workers_give_the_single_process_receipt(tmp_path):
     assert [c["order"] for c in receipt["cells"]] == list(range(99))  # spec order, whoever ran them
     # one progress display: a line per cell (in the order they finished), then the summary
     lines = stdout.strip().splitlines()
-    assert sorted(ln.split()[1] for ln in lines if ln.startswith("cell ")) == sorted(c["id"] for c in receipt["cells"])
+    finished = [m.group(1) for m in map(CELL_LINE.match, lines) if m]
+    assert sorted(finished) == sorted(c["id"] for c in receipt["cells"])
     assert lines[-1].startswith("matrix: 99 cells: 99 bitwise, 0 fail in ")
+
+
+# Two models with different tokenizers (a user's BPE checkpoint and the byte-level tiny model) on
+# text prompts: each worker must feed each model its own tokenizer's ids, as the single process does.
+OWN_SPEC = """\
+max_new_tokens = 4
+k = [1]
+variants = ["unyielded", {{ name = "split", at = [0.5] }}, "tokenwise"]
+[models]
+own = "{model}"
+tiny = "tiny"
+[[prompts]]
+kind = "text"
+name = "long"
+text = {text}
+[[prompts]]
+kind = "text"
+name = "short"
+text = "Hello there, prime walker."
+"""
+INFORMATIONAL_CELL_KEYS = ("timings",)
+
+
+def _comparable(receipt: dict) -> dict:
+    """A receipt without what is measured or depends on how and when it ran."""
+    drop = ("created", "wall_s", "warmup_s", "env", "executor")
+    out = {k: v for k, v in receipt.items() if k not in drop}
+    out["cells"] = [{k: v for k, v in c.items() if k not in INFORMATIONAL_CELL_KEYS} for c in receipt["cells"]]
+    return out
+
+
+def test_workers_tokenize_per_model_and_keep_list_golden_and_schema_2(tmp_path):
+    own = str(tmp_path / "own")
+    oc.build(own)
+    spec = tmp_path / "own.toml"
+    spec.write_text(OWN_SPEC.format(model=own, text=json.dumps(oc.LONG_TEXT)), encoding="utf-8")
+    # --list: the same cells and skipped schedules, nothing run
+    rc, listed, err = _run(["run-matrix", "--spec", str(spec), "--list"])
+    assert rc == 0, err
+    assert _run(["run-matrix", "--spec", str(spec), "--list", "--workers", "2"])[:2] == (0, listed)
+    # --update-golden --golden PATH with workers records the golden ...
+    golden = tmp_path / "golden.json"
+    rc, _, err = _run(["run-matrix", "--spec", str(spec), "--workers", "2", "--update-golden", "--golden",
+                       str(golden), "--no-plots", "--quiet"])
+    assert rc == 0, err
+    # ... which the single-process run equals (the --golden gate, schema 2 on both sides: digests.prompt
+    # compared), and field for field
+    single = tmp_path / "single.json"
+    rc, stdout, err = _run(["run-matrix", "--spec", str(spec), "--golden", str(golden), "--out", str(single),
+                            "--no-plots", "--quiet"])
+    assert rc == 0 and f"golden {golden}: diff: equal" in stdout, stdout + err
+    w, s = read_receipt(str(golden)), read_receipt(str(single))
+    assert w["schema_version"] == s["schema_version"] == 2
+    assert _comparable(w) == _comparable(s)
+    assert "executor" in w and "executor" not in s
+    assert set(w["env"]) == set(s["env"]) >= {"threads", "threads_why", "cores", "load"}
+    assert w["warmup_s"] > 0 and all(x["warmup_s"] > 0 for x in w["executor"]["workers"])
+    # text prompts: each model's own tokenizer (BPE for own, bytes for tiny): other lengths, other ids
+    lens = {(c["model"], c["prompt"]): c["prompt_len"] for c in w["cells"]}
+    assert lens[("tiny", "short")] == len(b"Hello there, prime walker.") != lens[("own", "short")]
+    assert lens[("tiny", "long")] == len(oc.LONG_TEXT.encode()) != lens[("own", "long")]
+    assert w["skipped"] and w["notes"] and len(w["notes"]) == len(w["skipped"])  # short: cannot be split
+    assert all(c["schedule"] and "prompt" in c["digests"] for c in w["cells"])
+    assert any(c["resolved_points"] for c in w["cells"])
+    # the gate with workers: the parallel receipt equals the single-process one
+    rc, stdout, _ = _run(["run-matrix", "--spec", str(spec), "--workers", "2", "--golden", str(single),
+                          "--out", str(tmp_path / "w2.json"), "--no-plots", "--quiet"])
+    assert rc == 0 and f"golden {single}: diff: equal" in stdout, stdout
+    # --update-golden's rules hold with workers too (refused before any worker starts)
+    rc, _, err = _run(["run-matrix", "--spec", TINY, "--workers", "2", "--update-golden", "--out",
+                       str(tmp_path / "x.json")])
+    assert rc == 2 and "--out is given" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_worker_that_dies_is_reported_and_its_cell_runs_on_the_other(tmp_path, monkeypatch):
@@ -140,7 +222,7 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(tmp_path):
                           "--out", str(out), "--no-plots"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().startswith("cell "), "no cell finished"
+        assert CELL_LINE.match(p.stdout.readline()), "no cell finished"
         children = _children(p.pid)
         assert len(children) >= 2
         p.send_signal(signal.SIGINT)

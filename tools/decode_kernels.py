@@ -24,11 +24,12 @@ def main(argv=None) -> int:
     from numba import cuda
 
     from numba_kernels import cpu as kp
-    from numba_kernels import cuda as kc  # noqa: F401  (imports cuda_linear in order)
-    from numba_kernels import cuda_linear as cl
+    from numba_kernels import cuda as kc
+    from numba_kernels import dispatch
 
-    default = cl.GEMV_VERSION
-    VERSIONS = ("v1", "v3")  # the last is the default; exit 1 when it differs from the twin
+    default = dispatch.GEMV_VERSION
+    VERSIONS = dispatch.GEMV_VERSIONS  # the last is the default; exit 1 when it differs from the twin
+    gemv = {ver: getattr(kc, "gemv_" + ver) for ver in VERSIONS}
 
     rng = np.random.default_rng(0)
     res = {"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
@@ -41,9 +42,8 @@ def main(argv=None) -> int:
         kp.linear(X, W, want, R)
         row = {"R": R, "K": K, "N": N}
         for ver in VERSIONS:
-            cl.GEMV_VERSION = ver
             d = cuda.device_array((R, N), np.float32)
-            cl.gemv(cuda.to_device(X), cuda.to_device(W), d, R)
+            gemv[ver](cuda.to_device(X), cuda.to_device(W), d, R)
             row[ver] = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
         ok &= row[VERSIONS[-1]]
         res["bitwise"].append(row)
@@ -69,8 +69,7 @@ def main(argv=None) -> int:
         y = cuda.device_array((1, N), np.float32)
         row = {"op": name, "K": K, "N": N, "bytes": 4 * K * N}
         for ver in VERSIONS:
-            cl.GEMV_VERSION = ver
-            us = timed(lambda: cl.gemv(X, W, y, 1))
+            us = timed(lambda: gemv[ver](X, W, y, 1))
             row[f"{ver}_us"] = us
             row[f"{ver}_TBps"] = 4 * K * N / us / 1e6
         res["timing"].append(row)
@@ -80,7 +79,6 @@ def main(argv=None) -> int:
     y = cuda.device_array((1, 2048), np.float32)
     res["rmsnorm_R1_N2048_us"] = timed(lambda: kc.rmsnorm(X, w, np.float32(1e-6), y, 0, 1))
     print("rmsnorm R1 N2048 us", res["rmsnorm_R1_N2048_us"], flush=True)
-    cl.GEMV_VERSION = default
     res["default"], res["default_bitwise"] = default, bool(ok)
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The GPU evidence, run on the device machine from the repository root:
-#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|all|workers]
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
 # bench: harness bench (bench-8l vs transformers and hardware anchors).
+# own:   a user's own checkpoint (tests/own_checkpoint.py: random Qwen3-Next with MoE, tied
+#        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
+#        on the CPU twin, the same spec on CUDA, digests compared; and whether the first timed
+#        chunk of the default matrix still carries compilation (it must not: warm-up).
+# fairness: harness fairness on bench-8l (a 32,768-token prime beside 8 peers, drain vs yield;
+#        tools/make_bench8l.py writes the model to out/bench-8l first): receipt and figures.
 # workers (not part of all; issue #18): parallel matrix runs. The default matrix with two workers on
 #        the GPU(s) (round-robin: on one GPU both share it), diffed with the golden CPU digests and
 #        with the single-process cuda receipt; then the long-prompt matrix tools/specs/long.toml
@@ -14,8 +20,8 @@
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|all|workers]}
-what=${2:-all}
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]}
+what=${2:-all}  # check | bench | own | fairness | all | workers
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -65,8 +71,46 @@ PY
   t2=$(ms)
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
 fi
+if [ "$what" = own ] || [ "$what" = all ]; then
+  own="$out/own"
+  mkdir -p "$own"
+  python - "$own" <<'PY'
+import json, os, sys
+sys.path.insert(0, "tests")
+import own_checkpoint as oc
+folder = sys.argv[1]
+oc.build(os.path.join(folder, "ckpt"))
+with open(os.path.join(folder, "own.toml"), "w") as f:
+    f.write("max_new_tokens = 16\nk = [1, 2, 3]\n"
+            'sampling = [{ temperature = 0.0, seed = 0 }, { temperature = 0.7, seed = 7 }]\n'
+            'variants = ["unyielded", "tokenwise", { name = "split", at = [0.5] }, "yielded-with-peer",'
+            ' { name = "yielded-with-peer", split = 0.5, checkpoint = 0.5 }, "short"]\n'
+            '[models]\nown = "ckpt"\n[[prompts]]\nkind = "text"\nname = "long"\ntext = ' + json.dumps(oc.LONG_TEXT)
+            + '\n[[prompts]]\nkind = "text"\nname = "short"\ntext = "Hello there, prime walker."\n')
+PY
+  python -m harness.cli run-matrix --spec "$own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots \
+    || echo "own cpu exit $?"
+  python -m harness.cli run-matrix --spec "$own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots \
+    || echo "own cuda exit $?"
+  python -m harness.cli diff --digests-only "$res/own-cpu.json" "$res/own-cuda.json" | tee "$res/own-diff.txt" | tail -3
+  if [ -f "$res/h200-default.json" ]; then
+    python - "$res/h200-default.json" <<'PY' | tee -a "$res/walls.txt"
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+chunks = [c["timings"]["chunk_wall_s"][0] for c in r["cells"] if c["timings"].get("chunk_wall_s")]
+print(f"default matrix on cuda: warm-up {r.get('warmup_s', 0):.1f} s; first timed chunk {chunks[0] * 1e3:.1f} ms, "
+      f"median first chunk {statistics.median(chunks) * 1e3:.1f} ms, max {max(chunks) * 1e3:.1f} ms")
+PY
+  fi
+fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
+fi
+if [ "$what" = fairness ] || [ "$what" = all ]; then
+  [ -f out/bench-8l/config.json ] || python tools/make_bench8l.py --out out/bench-8l > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"
+  python -m harness.cli fairness --spec harness/specs/fairness/bench-8l.toml --backend cuda \
+    --out "$res/h200-bench-8l.json" > "$res/fairness.log" 2>&1 || echo "fairness exit $?"
+  tail -8 "$res/fairness.log"
 fi
 if [ "$what" = workers ]; then
   ngpu=$(nvidia-smi -L | wc -l)

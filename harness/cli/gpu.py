@@ -7,10 +7,26 @@ from __future__ import annotations
 
 import os
 
+from ..errors import PrimewalkError
 from ..gpu import bench, devicecheck, evidence, mmacheck
 
 
+def require_gpu(command: str, what: str) -> None:
+    """Refuse, in one line, a GPU-only command on a machine without a CUDA GPU (before anything
+    loads; these commands have no --backend to fall back on)."""
+    try:
+        from numba import cuda
+
+        ok = cuda.is_available()
+    except Exception:  # numba-cuda missing or broken: no GPU for us either way
+        ok = False
+    if not ok:
+        raise PrimewalkError(f"{command} {what} and needs a CUDA GPU; none is available on this machine "
+                             "(the CPU-only evidence checks are harness evidence and harness mma-check)")
+
+
 def cmd_device_check(args) -> int:
+    require_gpu("device-check", "runs every kernel on CUDA against the CPU twin")
     r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed)
     s = r["summary"]
     ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
@@ -20,6 +36,7 @@ def cmd_device_check(args) -> int:
 
 
 def cmd_device_walker(args) -> int:
+    require_gpu("device-walker", "runs the walker check on CUDA against the CPU twin")
     r = devicecheck.device_walker(args.out, commit=args.commit)
     s = r["summary"]
     ok = s["all_pass"] and s["digests_equal"]
@@ -29,6 +46,7 @@ def cmd_device_walker(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    require_gpu("bench", "times the CUDA kernels")
     r = bench.run_bench(args.out, commit=args.commit, quick=args.quick)
     print(bench.table(r))
     print(f"wrote {args.out}")

@@ -10,10 +10,12 @@ import sys
 from ..errors import PrimewalkError
 from ..matrix import runner
 from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
-from ..matrix.diff import diff_receipts
-from ..matrix.receipts import merge_receipts, write_receipt
+from ..matrix.cells import cell_listing
+from ..matrix.diff import MAX_ROWS, diff_receipts
+from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
 from . import workers as parallel
+from .common import stdout_gone, write_and_plot
 from .progress import Progress
 
 
@@ -56,48 +58,86 @@ def summary_line(receipt: dict, path: str, plots: list | None) -> str:
     return text
 
 
+def _golden_target(args, spec: MatrixSpec, shard: tuple) -> str | None:
+    """Where ``--update-golden`` writes (None without it): ``--golden PATH`` for any spec, else the
+    built-in spec's ``receipts/golden/<stem>.json`` (cpu, unsharded, the spec's models)."""
+    if not args.update_golden:
+        return None
+    why = []
+    if shard != (0, 1):
+        why.append("--shard is given")
+    if args.out is not None:
+        why.append("--out is given (the golden's path is fixed)")
+    if args.golden is not None:
+        if why:
+            raise PrimewalkError("--update-golden --golden records one whole run at PATH; here " + ", ".join(why))
+        return args.golden
+    if spec.golden is None:
+        raise PrimewalkError(f"--update-golden: {spec.where} is not a built-in spec; give the golden's path "
+                             f"with --golden PATH (built-in specs under {os.path.relpath(SPECS_DIR, REPO)}/ "
+                             f"record to {os.path.relpath(GOLDEN_DIR, REPO)}/<stem>.json)")
+    if spec.backend != "cpu":
+        why.append(f"the backend is {spec.backend}")
+    if args.model is not None:
+        why.append("--model is given")
+    if why:
+        raise PrimewalkError("--update-golden only records a built-in spec on the cpu backend "
+                             f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
+                             + ", ".join(why) + " (record your own golden with --golden PATH)")
+    return spec.golden
+
+
+def _gate(golden: str, receipt: dict) -> int:
+    """``run-matrix --golden PATH`` without --update-golden: diff the fresh receipt with the
+    golden (as ``harness diff``); 0 equal, 1 drift, 2 unusable."""
+    result = diff_receipts(golden, receipt)
+    if result.unusable:
+        print(f"harness run-matrix: error: golden {golden}: {result.summary}", file=sys.stderr)
+        return 2
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.rows:
+        print(result.table())
+    print(f"golden {golden}: {result.summary}")
+    return result.exit_code
+
+
 def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
     spec = load_spec(args.spec, backend=parallel.backend_for(args), model=args.model)
+    # the parallel flags are checked (not started) first: a combination that cannot run is refused
+    # in one line, also with --list
     executor = parallel.executor_from_args(args, spec) if parallel.parallel_requested(args) else None
-    if args.update_golden:
-        if spec.golden is None:
-            raise PrimewalkError(f"--update-golden: {spec.where} is not a built-in spec; only the specs under "
-                                 f"{os.path.relpath(SPECS_DIR, REPO)}/ have a golden receipt "
-                                 f"({os.path.relpath(GOLDEN_DIR, REPO)}/<stem>.json)")
-        why = []
-        if spec.backend != "cpu":
-            why.append(f"the backend is {spec.backend}")
-        if args.model is not None:
-            why.append("--model is given")
-        if shard != (0, 1):
-            why.append("--shard is given")
-        if args.out is not None:
-            why.append("--out is given (the golden's path is fixed)")
-        if why:
-            raise PrimewalkError("--update-golden only records a built-in spec on the cpu backend "
-                                 f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
-                                 + ", ".join(why))
-    out = spec.golden if args.update_golden else (args.out or default_out(spec, shard))
+    if args.list:
+        print(cell_listing(spec))
+        return 0
+    golden = _golden_target(args, spec, shard)
+    if args.golden is not None and not args.update_golden:
+        try:  # before the run: a golden that is missing or unreadable stops it
+            read_receipt(args.golden)
+        except PrimewalkError as e:
+            raise PrimewalkError(f"--golden: {e} (record one with --update-golden --golden "
+                                 f"{args.golden})") from None
+    out = golden or args.out or default_out(spec, shard)
+    warmup = not args.no_warmup
     if executor is None:
-        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet))
+        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup)
     else:
         from ..matrix.pool import run_parallel
 
-        receipt = run_parallel(spec, shard, executor[0], executor[1], progress=Progress(args.quiet))
+        receipt = run_parallel(spec, shard, executor[0], executor[1], progress=Progress(args.quiet),
+                               warmup=warmup)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
-    if args.update_golden and failed:
+    if golden and failed:
         out = default_out(spec, shard)
         print(f"harness run-matrix: {failed} cell(s) failed; the golden is NOT updated (receipt "
               f"written to {out} instead)", file=sys.stderr)
-    write_receipt(out, receipt)
-    plots = None
-    if not args.no_plots:
-        from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
-
-        plots = plot_receipt(out, quiet=args.quiet)
+    plots = write_and_plot(out, receipt, write_receipt, "harness.matrix.plots:plot_receipt", args)
     print(summary_line(receipt, out, plots))
-    return 1 if failed else 0
+    code = 1 if failed else 0
+    if args.golden is not None and not args.update_golden:
+        code = max(code, _gate(args.golden, receipt))
+    return code
 
 
 def register(subparsers) -> None:
@@ -127,8 +167,12 @@ def _register_run_matrix(subparsers) -> None:
                "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
-               "  (--update-golden takes the built-in specs under harness/specs/ only, on the cpu backend)\n"
-               "exit status: 0 all cells bitwise, 1 a cell failed, 2 unusable spec or input",
+               "  harness run-matrix --spec my.toml --update-golden --golden golden/my.json   # your own golden\n"
+               "  harness run-matrix --spec my.toml --golden golden/my.json   # run, then diff with it (CI gate)\n"
+               "  harness run-matrix --spec my.toml --list                    # the cells, nothing run\n"
+               "spec format: docs/specs.md\n"
+               "exit status: 0 all cells bitwise (and equal to --golden), 1 a cell failed or drifted from\n"
+               "--golden, 2 unusable spec or input",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", metavar="FILE", default=None,
                    help="matrix spec (TOML); default: the built-in harness/specs/default.toml "
@@ -142,9 +186,18 @@ def _register_run_matrix(subparsers) -> None:
     p.add_argument("--shard", metavar="I/N", default=None,
                    help="run only cells i with i %% N == I (join shards with harness merge)")
     p.add_argument("--update-golden", action="store_true",
-                   help="write the spec's golden receipt, receipts/golden/<stem>.json (built-in specs "
-                        "under harness/specs/ only, cpu backend, no --out/--shard/--model)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, no per-cell lines")
+                   help="write the spec's golden receipt: --golden PATH, or for a built-in spec "
+                        "receipts/golden/<stem>.json (cpu backend, no --model); no --out/--shard; a "
+                        "failing cell leaves the golden as it was")
+    p.add_argument("--golden", metavar="PATH", default=None,
+                   help="the golden receipt of your own spec: recorded there with --update-golden; "
+                        "without it, the fresh receipt is diffed with PATH after the run (exit 1 on drift)")
+    p.add_argument("--list", action="store_true",
+                   help="print the cells (and how each split/checkpoint point resolved) and the skipped "
+                        "schedules, then exit without running")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up that compiles every kernel before the first timed cell")
+    p.add_argument("--quiet", action="store_true", help="no progress display, no per-cell lines")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
     parallel.add_args(p)
     p.set_defaults(func=cmd_run_matrix)
@@ -163,9 +216,15 @@ def _cmd_diff(args) -> int:
     if result.unusable:
         print(f"harness diff: error: {result.summary}", file=sys.stderr)
         return 2
-    if result.rows:
-        print(result.table())
-    print(result.summary)
+    try:
+        for note in result.notes:
+            print(f"note: {note}")
+        if result.rows:
+            print(result.table(None if args.all else MAX_ROWS))
+        print(result.summary)
+        sys.stdout.flush()
+    except BrokenPipeError:  # harness diff ... | head: the exit status is still the diff's
+        stdout_gone()
     return result.exit_code
 
 
@@ -207,7 +266,10 @@ def _register_diff_merge(subparsers) -> None:
     p.add_argument("--digests-only", action="store_true",
                    help="compare only digests.* (receipts of two devices)")
     p.add_argument("--timing-tolerance", type=_percent, metavar="PCT", default=None,
-                   help="also fail a cell whose prime/decode/spec tokens/s in B fell more than PCT%% below A")
+                   help="also fail a cell whose prime/decode/spec tokens/s in B fell more than PCT%% below "
+                        "A; only like with like (same backend, device and threads, neither recorded "
+                        "with the load above the cores), else a note says why not")
+    p.add_argument("--all", action="store_true", help=f"print every drifted field (default: the first {MAX_ROWS})")
     p.set_defaults(func=_cmd_diff)
 
     p = subparsers.add_parser(
@@ -225,9 +287,15 @@ def _register_diff_merge(subparsers) -> None:
 
 def _cmd_plot(args) -> int:
     from ..matrix.plots import plot_receipt  # matplotlib: only when drawing
+    from ..matrix.receipts import read_receipt
 
     try:
-        written = plot_receipt(args.receipt)
+        if read_receipt(args.receipt).get("kind") == "fairness":
+            from ..fairness.plots import plot_fairness
+
+            written = plot_fairness(args.receipt)
+        else:
+            written = plot_receipt(args.receipt)
     except PrimewalkError as e:
         print(f"harness plot: error: {e}", file=sys.stderr)
         return 2
@@ -239,8 +307,9 @@ def _cmd_plot(args) -> int:
 def _register_plot(subparsers) -> None:
     p = subparsers.add_parser(
         "plot", help="draw a receipt's figures as PNGs next to it",
-        description="Draw the verdict grid, acceptance and throughput figures of a receipt as "
-                    "<stem>.<figure>.png beside it; figures without data are skipped.",
+        description="Draw the verdict grid, acceptance and throughput figures of a receipt (the timeline "
+                    "and first-event figures of a fairness receipt) as <stem>.<figure>.png beside it; "
+                    "figures without data are skipped.",
         epilog="examples:\n"
                "  harness plot receipts/golden/default.json\n"
                "  harness plot out/default.json && ls out/default.*.png",

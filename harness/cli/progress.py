@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from ..matrix.runner import SilentProgress
+from .common import stdout_gone
 
 
 def _rate(x) -> str:
@@ -29,58 +31,72 @@ def cell_line(c: dict) -> str:
     return text
 
 
-class Progress(SilentProgress):
-    """Notes on stderr; tqdm over the cells when it is importable (quiet off a terminal), else a
-    stderr line per cell on a terminal; a :func:`cell_line` per finished cell on stdout, without
-    tearing the bar. ``quiet``: nothing at all."""
+def clock(seconds: float) -> str:
+    """``1:05`` (minutes:seconds), ``1:02:03`` past an hour."""
+    s = int(round(max(0.0, seconds)))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
-    def __init__(self, quiet: bool = False):
-        self.bar = None
+
+class Progress(SilentProgress):
+    """Notes on stderr; one :func:`cell_line` per finished cell on stdout, prefixed ``[n/N]`` and
+    followed by the elapsed time and an estimate of the time left (the mean time of the cells so
+    far times the cells to go); on a terminal, also a status line on stderr that names the cell
+    running now. ``quiet``: nothing at all. Needs nothing beyond the standard library."""
+
+    def __init__(self, quiet: bool = False, stream=None):
         self.quiet = quiet
-        self.tty = sys.stderr.isatty()
+        self.err = stream or sys.stderr
+        self.tty = self.err.isatty()
+        self.total, self.finished, self.t0 = 0, 0, None
+        self.status = False  # a status line is on the terminal
 
     def notes(self, notes: list) -> None:
         if not self.quiet:
             for n in notes:
-                print(f"note: {n}", file=sys.stderr)
+                print(f"note: {n}", file=self.err)
 
     def begin(self, total: int) -> None:
-        if self.quiet:
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return
-        self.bar = tqdm(total=total, unit="cell", disable=None, file=sys.stderr, dynamic_ncols=True,
-                        leave=False)
+        self.total, self.finished, self.t0 = total, 0, time.perf_counter()
+
+    def timing(self) -> str:
+        """``0:12 elapsed, ~0:48 left`` after the cells finished so far."""
+        elapsed = time.perf_counter() - (self.t0 or time.perf_counter())
+        text = f"{clock(elapsed)} elapsed"
+        if 0 < self.finished < self.total:
+            text += f", ~{clock(elapsed / self.finished * (self.total - self.finished))} left"
+        return text
+
+    def _clear(self) -> None:
+        if self.status:
+            self.err.write("\r\033[K")
+            self.err.flush()
+            self.status = False
 
     def start(self, i: int, total: int, cell_id: str) -> None:
-        if self.quiet:
+        if self.quiet or not self.tty:
             return
-        if self.bar is not None:
-            self.bar.set_description_str(cell_id, refresh=False)
-        elif self.tty:
-            print(f"[{i + 1}/{total}] {cell_id}", file=sys.stderr, flush=True)
+        self._clear()
+        self.err.write(f"[{i + 1}/{total}] {self.timing()} · running {cell_id}")
+        self.err.flush()
+        self.status = True
 
     def done(self, entry: dict) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
+        self.finished += 1
         if self.quiet:
             return
-        line = cell_line(entry)
-        if self.bar is not None and not self.bar.disable:
-            self.bar.write(line, file=sys.stdout)
-        else:
-            print(line, flush=True)
+        self._clear()
+        try:
+            print(f"[{self.finished}/{self.total}] {cell_line(entry)} ({self.timing()})", flush=True)
+        except BrokenPipeError:  # run-matrix ... | head: the run goes on, the receipt is written
+            stdout_gone()
 
     def warning(self, text: str) -> None:
         """A worker died (see harness.matrix.pool): said on stderr even with ``quiet``."""
-        line = f"warning: {text}"
-        if self.bar is not None and not self.bar.disable:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        if not self.quiet:
+            self._clear()  # the status line, if any, comes back with the next cell
+        print(f"warning: {text}", file=self.err, flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if not self.quiet:
+            self._clear()

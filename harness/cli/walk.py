@@ -7,19 +7,21 @@ import sys
 
 import numpy as np
 
-from .. import tokenizer
 from ..engine.model import Engine
 from ..errors import PrimewalkError
 from ..walk.check import check_mtp_prime_walker
 from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
 from ..walk.sampling import Sampling
 from ..walk.speculative import generate
-from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
+from ..walk.warmup import warm_up
+from .common import backend_arg, backend_label, load_model, model_arg, model_tokenizer, prompt_args, prompt_ids
 
 
-def _engine(args):
+def _engine(args, need_mtp: bool = True):
     ck = load_model(args.model)
-    ck.require_mtp(f"harness {args.command}")
+    if need_mtp:
+        ck.require_mtp(f"harness {args.command}" + (" (speculative; --plain decodes without drafts)"
+                                                    if args.command == "generate" else ""))
     return Engine(ck, args.backend)
 
 
@@ -49,27 +51,35 @@ def cmd_generate(args) -> int:
         raise PrimewalkError(f"--k must be at least 1, got {args.k}")
     if args.temperature < 0:
         raise PrimewalkError(f"--temperature must be >= 0, got {args.temperature}")
-    eng = _engine(args)
-    ids = prompt_ids(args)
+    eng = _engine(args, need_mtp=not args.plain)
+    tok = model_tokenizer(eng.ckpt)
+    ids = prompt_ids(args, eng.ckpt)
     s = Sampling(args.temperature, args.seed)
+    warm = 0.0 if args.no_warmup else warm_up(eng, args.k)
     res, run = generate(eng, ids, args.max_new_tokens, args.k, s, speculative=not args.plain)
-    text = tokenizer.decode(res.tokens) if eng.cfg.vocab_size <= tokenizer.VOCAB_SIZE else " ".join(map(str, res.tokens))
+    text = tok.decode(res.tokens) if tok is not None else " ".join(map(str, res.tokens))
     sys.stdout.write(text + "\n")
     m = res.metrics
+    tail = f"({backend_label(eng.B)}" + (f", warm-up {warm:.1f} s untimed)" if warm else ")")
     if args.plain:
         print(f"[generate] plain {s.label}: {len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, "
-              f"prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms ({eng.B.name})", file=sys.stderr)
+              f"prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms {tail}", file=sys.stderr)
     else:
         print(f"[generate] K={args.k} {s.label}: {len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, "
               f"mean acceptance length {m['mean_acceptance_length']:.2f}, per-position "
               f"[{', '.join(f'{x:.2f}' for x in m['per_position'])}], drafts {m['drafts']}, "
-              f"accepted {m['accepted']}, prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms ({eng.B.name})",
+              f"accepted {m['accepted']}, prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms {tail}",
               file=sys.stderr)
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="the prime-walker check: yielded walker prime vs unyielded oracle, bitwise",
+                       description="The seed's prime-walker check on a synthetic prompt: prime it split and "
+                                   "checkpointed at a boundary, one chunk per advance with a peer session "
+                                   "decoding between chunks, and compare the logits and the boundary "
+                                   "captures bit for bit with an unyielded prime of the same two segments. "
+                                   "Exit 0 PASS, 1 FAIL, 2 bad input.",
                        epilog="examples:\n  harness check --prompt-len 257\n  harness check --prompt-len 2061 --split 1024 --k 4",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arg(p)
@@ -84,6 +94,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("generate", help="speculative (MTP) generation with acceptance metrics",
+                       description="Prime a prompt and continue it with MTP speculative decoding (or "
+                                   "plainly with --plain, which also runs a model without an MTP head). "
+                                   "The continuation goes to stdout, decoded by the model's tokenizer (ids "
+                                   "when it has none); throughput and acceptance go to stderr. Kernels are "
+                                   "compiled by a warm-up before the clock starts.",
                        epilog="examples:\n  harness generate --text 'def main(' --max-new-tokens 64 --k 3\n"
                               "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,5 +109,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (counter RNG)")
     p.add_argument("--plain", action="store_true", help="plain decoding (no drafts), for comparison")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up (the first timings then include compilation)")
     backend_arg(p)
     p.set_defaults(func=cmd_generate)

@@ -23,7 +23,10 @@ class CpuBackend:
     def __init__(self):
         from numba_kernels import cpu
 
+        from .threads import configure
+
         self.ops = cpu
+        self.threads, self.threads_why = configure()  # how many Numba threads (.threads says why)
 
     def device_name(self) -> str:
         proc = platform.processor() or platform.machine()
@@ -84,6 +87,7 @@ class CudaBackend:
 
         self.cuda = cuda
         self.ops = kcuda
+        self.threads, self.threads_why = None, "cuda"  # host threads do not run kernels here
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()

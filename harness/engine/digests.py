@@ -9,6 +9,7 @@ bits; the tags (``primewalk-cache/1`` …) version each layout.
 - :func:`logits_digest`: a logits array (shape and bits).
 - :func:`capture_digest`: a list of boundary captures (position, logits, last hidden row, state).
 - :func:`continuation_digest`: generated token ids.
+- :func:`prompt_digest`: a prompt's token ids (what the tokenizer, or the seed, produced).
 - :func:`config_fingerprint`: a model config (which caches and snapshots belong together).
 """
 
@@ -63,6 +64,11 @@ def capture_digest(captures) -> str:
 def continuation_digest(tokens) -> str:
     """SHA-256 of the token ids as little-endian int64."""
     return hashlib.sha256(_i64_bytes(list(tokens))).hexdigest()
+
+
+def prompt_digest(ids) -> str:
+    """SHA-256 of a prompt's token ids as little-endian int64, tagged ``primewalk-prompt/1``."""
+    return hashlib.sha256(b"primewalk-prompt/1\0" + _i64_bytes(list(ids))).hexdigest()
 
 
 def config_fingerprint(cfg) -> str:

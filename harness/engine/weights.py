@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import CheckpointError, ConfigError
 from .config import FULL, LINEAR, ModelConfig
+from .dims import dimension_mismatches
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16"}
 _SIZES = {"F32": 4, "F16": 2, "F64": 8, "BF16": 2}
@@ -285,6 +286,12 @@ def check_tensors(cfg: ModelConfig, tensors: dict, source: str, problems: list |
         f"{k}: {tuple(tensors[k].shape)} != expected {tuple(want[k])}"
         for k in want if k in tensors and tuple(tensors[k].shape) != tuple(want[k])
     )
+    dims = dimension_mismatches(cfg, tensors) if shaped or missing or unexpected else []
+    if dims:  # name the config dimension, not every tensor it mis-shapes
+        counts = [f"{n} {what}" for n, what in ((len(shaped), "mis-shaped"), (len(missing), "missing"),
+                                                  (len(unexpected), "unexpected")) if n]
+        raise CheckpointError(f"{source}: config.json disagrees with the tensors: " + "; ".join(dims)
+                              + f" (tensors: {', '.join(counts)})")
     if missing:
         problems.append(f"missing {len(missing)}: " + ", ".join(missing[:12]) + (" …" if len(missing) > 12 else ""))
     if unexpected:

@@ -60,15 +60,17 @@ class Timer:
         return _median(out)
 
 
-def build_hf_model(folder, seed=0):
-    """Create bench-8l with transformers (random, every parameter perturbed) and save it."""
+def build_hf_model(folder, seed=0, config=None):
+    """Create bench-8l (or ``config``, a dict shaped like :data:`BENCH_8L`) with transformers
+    (random, every parameter perturbed) and save it."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
+    config = config or BENCH_8L
     torch.manual_seed(seed)
-    kw = {k: v for k, v in BENCH_8L.items() if k not in ("rope_theta", "partial_rotary_factor")}
-    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": BENCH_8L["rope_theta"],
-                             "partial_rotary_factor": BENCH_8L["partial_rotary_factor"]}
+    kw = {k: v for k, v in config.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"],
+                             "partial_rotary_factor": config["partial_rotary_factor"]}
     cfg = Qwen3NextConfig(**kw)
     model = Qwen3NextForCausalLM(cfg)
     with torch.no_grad():
@@ -77,6 +79,15 @@ def build_hf_model(folder, seed=0):
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
+
+
+def with_mtp_head(ck, seed):
+    """``ck`` (an HF checkpoint, which has no MTP head) plus a random MTP head seeded ``seed``."""
+    from ..synth import random_tensors
+
+    ck.tensors.update(random_tensors(ck.config, seed, mtp=True, trunk=False))
+    ck.config.num_nextn_predict_layers = 1
+    return ck
 
 
 def hf_anchors(model, ids4096, ids512, timer, dtype_name):
@@ -298,8 +309,8 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     except ImportError:
         raise PrimewalkError("harness bench needs torch and transformers (pip install '.[oracle]')") from None
     from ..engine import backend as bk
+    from ..engine.threads import machine_load
     from ..engine.weights import load_checkpoint
-    from ..synth import random_tensors
 
     gpu = bk.get_backend("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -308,12 +319,10 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     rng = np.random.default_rng(seed)
     ids4096 = rng.integers(0, BENCH_8L["vocab_size"], 4096).tolist()
     ids512 = ids4096[:512]
-    t_all = time.perf_counter()
+    t_all, load0 = time.perf_counter(), machine_load()
     with tempfile.TemporaryDirectory() as folder:
         model = build_hf_model(folder, seed)
-        ck = load_checkpoint(folder)
-        ck.tensors.update(random_tensors(ck.config, seed + 1, mtp=True, trunk=False))
-        ck.config.num_nextn_predict_layers = 1
+        ck = with_mtp_head(load_checkpoint(folder), seed + 1)
     weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
     errors = {}
 
@@ -363,6 +372,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
         "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
+        "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

@@ -1,18 +1,19 @@
 """The cells of a matrix spec: one per (model, prompt, schedule, K, sampling), in spec order.
 
-A cell's id names it (``tiny/p130/split@64/k2/greedy``); its oracle is the ``unyielded`` cell of
-the same model, prompt, K and sampling. :func:`expand` leaves out, with a note, the cells that
-cannot run: a fractional point that leaves a segment shorter than ``PRIME_MIN_T``, ``short`` on a
-prompt longer than ``fill_chunk``, an explicit point at or past a prompt's end, and a second
-entry that gives the same cell.
+A cell's id names it (``tiny/p130/split@64/k2/greedy``, with the rows its points resolve to); its
+``schedule`` is the variant as the spec writes it (``split@0.5``); its oracle is the
+``unyielded`` cell of the same model, prompt, K and sampling. :func:`expand_all` leaves out the
+cells that cannot run, each with its reason: a fraction that resolves to no row (a prompt under
+64 tokens, see :meth:`~harness.matrix.specfile.Point.resolve`), ``short`` on a prompt longer than
+``fill_chunk``, an explicit point at or past a prompt's end, and a second entry that gives the
+same cell. The receipt lists them under ``skipped``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..walk.schedule import PRIME_MIN_T
-from .specfile import ORACLE, MatrixSpec, PromptSpec
+from .specfile import ORACLE, MatrixSpec, PromptSpec, usable_point
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Cell:
     oracle: str
     split: int | None = None
     checkpoint: int | None = None
+    prompt_len: int = 0  # the prompt's tokens for this cell's model
+    schedule: str = ""  # the variant as the spec writes it (split@0.5)
+    resolved: tuple = field(default=(), compare=False)  # how each point resolved: ((what, given, row, rule), ...)
 
     @property
     def tokenwise(self) -> bool:
@@ -64,60 +68,94 @@ def cell_id(model: str, prompt: str, label: str, k: int, sampling: str) -> str:
     return f"{model}/{prompt}/{label}/k{k}/{sampling}"
 
 
-def _usable(p: int, tp: int) -> bool:
-    return PRIME_MIN_T <= p and tp - p >= PRIME_MIN_T
+def _skip(model, ps, tp, case, reason) -> dict:
+    return {"model": model, "prompt": ps.name, "prompt_len": tp, "variant": case.variant,
+            "entry": case.key, "schedule": case.label, "reason": reason}
 
 
-def expand(spec: MatrixSpec) -> tuple[list, list]:
-    """The cells of ``spec`` in spec order (model, prompt, K, sampling, variant), and notes on the
-    cells left out (a fractional point that leaves a short segment, ``short`` on a long prompt,
-    an explicit point past a prompt's end, two entries giving the same cell)."""
-    cells, notes, seen = [], [], {}
+def note_of(s: dict) -> str:
+    """One line for a skipped cell group: ``variants[3] (split@0.5) skipped for tiny/p40 (40
+    tokens): ...``."""
+    return (f"{s['entry']} ({s['schedule']}) skipped for {s['model']}/{s['prompt']} "
+            f"({s['prompt_len']} tokens): {s['reason']}")
+
+
+def _runs(spec: MatrixSpec, model: str, ps: PromptSpec, skipped: list) -> list:
+    """The schedules of one (model, prompt): (case, label, args, chunk_rows, fill, split, ckpt,
+    points) each, the cases that cannot run added to ``skipped``."""
+    tp = spec.prompt_len(model, ps)
+    runs = []
+    for c in spec.cases:
+        resolved, why = {}, None
+        for what, pt in (("split", c.split), ("checkpoint", c.checkpoint)):
+            if pt is None:
+                continue
+            row, rule = pt.resolution(tp)
+            if row is None:
+                why = f"{what} {rule}"
+            elif not usable_point(row, tp):
+                why = (f"{what} {pt} is at or past the end" if row >= tp else
+                       f"{what} {rule} leaves a segment under PRIME_MIN_T")
+            resolved[what] = (pt.value, row, rule)
+            if why:
+                break
+        if why is None and c.variant == "short" and tp > spec.fill_chunk:
+            why = f"{tp} tokens > fill_chunk {spec.fill_chunk} (short applies to prompts of at most fill_chunk)"
+        if why:
+            skipped.append(_skip(model, ps, tp, c, why))
+            continue
+        args = {what: row for what, (_, row, _) in resolved.items()}
+        chunk_rows = (c.chunk_rows if c.variant == "batched" else
+                      None if c.variant == "tokenwise" else spec.chunk_rows)
+        fill = tp if c.variant == "short" else spec.fill_chunk
+        label = schedule_label(c.variant, args, chunk_rows)
+        first = next((r[0] for r in runs if r[1] == label), None)
+        if first is not None:
+            skipped.append(_skip(model, ps, tp, c, f"gives the same cell as {first.key} ({label})"))
+            continue
+        points = tuple((what, given, row, rule) for what, (given, row, rule) in resolved.items())
+        runs.append((c, label, args, chunk_rows, fill, args.get("split"), args.get("checkpoint"), points))
+    return runs
+
+
+def expand_all(spec: MatrixSpec) -> tuple[list, list]:
+    """The cells of ``spec`` in spec order (model, prompt, K, sampling, variant), and the skipped
+    schedules (dicts: model, prompt, prompt_len, variant, entry, schedule, reason), one per
+    (model, prompt, variant entry) -- a skipped schedule is skipped for every K and sampling."""
+    cells, skipped, seen = [], [], set()
     for model in spec.models:
         for ps in spec.prompts:
-            tp = ps.length
-            runs = []  # (case, label, args, chunk_rows, fill_chunk, split, ckpt) for this prompt
-            for c in spec.cases:
-                split = c.split.resolve(tp) if c.split is not None else None
-                ckpt = c.checkpoint.resolve(tp) if c.checkpoint is not None else None
-                bad = [(w, pt, r) for w, pt, r in (("split", c.split, split), ("checkpoint", c.checkpoint, ckpt))
-                       if pt is not None and not _usable(r, tp)]
-                if bad:
-                    w_, pt, r = bad[0]
-                    why = (f"{w_} {pt} is at or past the end" if not pt.fraction and r >= tp else
-                           f"{w_} {pt} -> row {r} leaves a segment < PRIME_MIN_T = {PRIME_MIN_T}")
-                    notes.append(f"{c.key} ({c.variant}) skipped for {model}/{ps.name} ({tp} tokens): {why}")
-                    continue
-                if c.variant == "short" and tp > spec.fill_chunk:
-                    if model == next(iter(spec.models)):
-                        notes.append(f"{c.key} (short) skipped for {ps.name}: {tp} tokens > fill_chunk "
-                                     f"{spec.fill_chunk}")
-                    continue
-                args = {}
-                if split is not None:
-                    args["split"] = split
-                if ckpt is not None:
-                    args["checkpoint"] = ckpt
-                chunk_rows = (c.chunk_rows if c.variant == "batched" else
-                              None if c.variant == "tokenwise" else spec.chunk_rows)
-                fill = tp if c.variant == "short" else spec.fill_chunk
-                label = schedule_label(c.variant, args, chunk_rows)
-                if any(r[1] == label for r in runs):
-                    first = next(r[0] for r in runs if r[1] == label)
-                    notes.append(f"{c.key} gives the same cell as {first.key} for {model}/{ps.name} "
-                                 f"({label}); skipped")
-                    continue
-                runs.append((c, label, args, chunk_rows, fill, split, ckpt))
-            ks = ps.k or spec.k
-            for k in ks:
+            tp = spec.prompt_len(model, ps)
+            runs = _runs(spec, model, ps, skipped)
+            for k in ps.k or spec.k:
                 for s, slabel in zip(spec.sampling, spec.labels):
                     if ps.sampling is not None and slabel not in ps.sampling:
                         continue
                     oracle = cell_id(model, ps.name, ORACLE, k, slabel)
-                    for c, label, args, chunk_rows, fill, split, ckpt in runs:
+                    for c, label, args, chunk_rows, fill, split, ckpt, points in runs:
                         cid = cell_id(model, ps.name, label, k, slabel)
                         assert cid not in seen, cid
-                        seen[cid] = True
+                        seen.add(cid)
                         cells.append(Cell(cid, len(cells), model, ps, c.variant, dict(args), chunk_rows,
-                                          fill, k, s, slabel, oracle, split, ckpt))
-    return cells, notes
+                                          fill, k, s, slabel, oracle, split, ckpt, tp, c.label, points))
+    return cells, skipped
+
+
+def expand(spec: MatrixSpec) -> tuple[list, list]:
+    """The cells of ``spec`` and one note per skipped schedule (:func:`expand_all`)."""
+    cells, skipped = expand_all(spec)
+    return cells, [note_of(s) for s in skipped]
+
+
+def cell_listing(spec: MatrixSpec) -> str:
+    """The cells of ``spec`` as text, one per line, with how each point resolved, then the
+    skipped schedules: what ``harness run-matrix --list`` prints."""
+    cells, skipped = expand_all(spec)
+    width = max((len(c.id) for c in cells), default=0)
+    lines = []
+    for c in cells:
+        rules = "; ".join(f"{what} {rule}" for what, _, _, rule in c.resolved)
+        lines.append(f"{c.id.ljust(width)}  {c.prompt_len} tokens" + (f"  {rules}" if rules else ""))
+    lines.append(f"{len(cells)} cells" + (f"; {len(skipped)} schedule(s) skipped:" if skipped else ""))
+    lines += [f"  skipped: {note_of(s)}" for s in skipped]
+    return "\n".join(lines)

@@ -11,8 +11,8 @@ anything imports Numba (:func:`worker_envs`):
 - cpu: ``NUMBA_NUM_THREADS`` is the host's threads (``$NUMBA_NUM_THREADS``, else the CPUs this
   process may run on) divided by the number of workers, at least 1.
 
-A worker loads the models once (:class:`.tasks.Worker`), says it is ready, then runs one task per
-message until it is told to stop. It ignores SIGINT: on Ctrl-C the parent stops the workers and
+A worker loads the models once and warms them up (:class:`.tasks.Worker`), says it is ready,
+then runs one task per message until it is told to stop. It ignores SIGINT: on Ctrl-C the parent stops the workers and
 writes nothing.
 """
 
@@ -100,13 +100,14 @@ def _spawning(overrides: dict):
                 os.environ[k] = v
 
 
-def _serve(conn, index: int, spec) -> None:
-    """A worker's main loop: load the models, say ready, then run tasks until told to stop."""
+def _serve(conn, index: int, spec, warmup: bool = True) -> None:
+    """A worker's main loop: load the models (and warm them up), say ready, then run tasks until
+    told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited already; kept for other start paths
     from .tasks import Worker
 
     try:
-        worker = Worker(spec, index)
+        worker = Worker(spec, index, warmup)
         conn.send(("ready", worker.meta()))
         while True:
             try:
@@ -137,10 +138,10 @@ class LocalExecutor:
     def default_workers(self, spec) -> int:
         return len(self.envs)
 
-    def start(self, spec, count: int) -> None:
+    def start(self, spec, count: int, warmup: bool = True) -> None:
         for i in range(count):
             parent, child = CTX.Pipe()
-            p = CTX.Process(target=_serve, args=(child, i, spec), name=f"primewalk-worker-{i}", daemon=True)
+            p = CTX.Process(target=_serve, args=(child, i, spec, warmup), name=f"primewalk-worker-{i}", daemon=True)
             with _spawning(self.envs[i]):
                 p.start()
             child.close()

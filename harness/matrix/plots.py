@@ -1,13 +1,20 @@
 """Figures of a receipt, saved next to it: ``<stem>.<name>.png``.
 
 =================  ===========================================================================
-verdicts           grid: rows = prompt / K / sampling, columns = schedule variants; bitwise green,
-                   tolerance amber, fail red, missing grey
+verdicts           grid: rows = prompt / K / sampling, columns = the schedules as the spec writes
+                   them (a fractional split is one column; each square shows the row it resolved
+                   to); bitwise green, tolerance amber, fail red with max ulp and max |Δ|; a
+                   schedule that does not apply to a prompt is drawn "n/a" (hatched), a cell
+                   that is in another shard grey
 acceptance         acceptance rate per draft position, a line per K
 acceptance_len     mean acceptance length (1 + accepted / drafts) vs K, a line per sampling
 prime_throughput   prime tokens/s per schedule variant and chunk size (median, min-max whiskers)
-decode             decode tokens/s, plain vs speculative, per K
+decode             decode tokens/s, plain vs speculative, per K; each pair marked with the ratio
+                   speculative / plain, and titled a speed-up or a slow-down as the data say
 =================  ===========================================================================
+
+The acceptance figures give their values in the legend rather than beside the points (where
+they overlapped), and dodge their lines sideways a little so that equal values stay visible.
 
 Figures are built on the Agg canvas under matplotlib's default style with sizes that depend
 only on the data, and saved at dpi 150 without a ``Software`` stamp, so identical receipts give
@@ -25,14 +32,15 @@ import matplotlib.style
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
 from ..atomic import write_bytes_atomic
 from ..errors import PrimewalkError
 from .receipts import acceptance_by_k, cell_order_key, read_receipt
 
 DPI = 150
-STATUS_COLOURS = {"bitwise": "#2ca02c", "tolerance": "#f2a900", "fail": "#d62728", "missing": "#c7c7c7"}
+STATUS_COLOURS = {"bitwise": "#2ca02c", "tolerance": "#f2a900", "fail": "#d62728", "n/a": "#ffffff",
+                  "other shard": "#c7c7c7"}
 CHUNK_COLOURS = ("#595959", "#006ba4", "#ff800e", "#5f9ed1", "#c85200", "#a2c8ec", "#ffbc79")
 _SEVERITY = ("bitwise", "tolerance", "fail")  # the worst verdict wins when two cells share a square
 
@@ -85,15 +93,49 @@ def variant_label(cell: dict, show_chunk: bool = False) -> str:
     return text
 
 
-def _labeller(cells: list[dict]):
+def spec_schedule(cell: dict, spec: dict | None) -> str | None:
+    """The schedule of ``cell`` as the spec writes it (``split@0.5``): the cell's ``schedule``
+    (schema 2), else found in a schema-1 receipt's spec, else None. A fractional point gives
+    different rows in prompts of different lengths; this label is the same for all of them."""
+    if cell.get("schedule"):
+        return str(cell["schedule"])
+    args = cell.get("variant_args") or {}
+    name = cell.get("variant")
+    if not args or not isinstance(spec, dict):
+        return None
+    entries = [v for v in spec.get("variants") or [] if isinstance(v, dict) and v.get("name") == name]
+    if name in ("split", "checkpoint"):
+        given = [x for v in entries for x in (v.get("at") or [])]
+        row = args.get(name)
+        if row in [x for x in given if isinstance(x, int)]:
+            return f"{name}@{row}"
+        fractions = [x for x in given if isinstance(x, float)]
+        return f"{name}@{fractions[0]:g}" if len(fractions) == 1 else None
+    keys = [k for k in ("split", "checkpoint") if k in args]
+    matching = [v for v in entries if all(k in v for k in keys) and not any(
+        k in v for k in ("split", "checkpoint") if k not in keys)]
+    if len(matching) != 1:
+        return None
+    return f"{name}@" + ",".join(f"{matching[0][k]:g}" if isinstance(matching[0][k], float)
+                                 else str(matching[0][k]) for k in keys)
+
+
+def _labeller(cells: list[dict], spec: dict | None = None):
     multi = _multi_chunk_variants(cells)
-    return lambda c: variant_label(c, c.get("variant") in multi)
+
+    def label(c):
+        if c.get("variant") == "batched" or not c.get("variant_args"):
+            return variant_label(c, c.get("variant") in multi)
+        return spec_schedule(c, spec) or variant_label(c, c.get("variant") in multi)
+
+    return label
 
 
-def schedule_labels(cells: list[dict]) -> dict:
-    """``{cell id: schedule label}`` as the figures label their columns (chunk size shown only
-    for variants that ran at several)."""
-    label = _labeller(cells)
+def schedule_labels(cells: list[dict], spec: dict | None = None) -> dict:
+    """``{cell id: schedule label}`` as the figures label their columns: the schedule as the spec
+    writes it (``split@0.5``, see :func:`spec_schedule`; ``spec``: the receipt's, for schema-1
+    cells), the chunk size shown only for variants that ran at several."""
+    label = _labeller(cells, spec)
     return {c["id"]: label(c) for c in cells}
 
 
@@ -137,11 +179,28 @@ def _clamp(v, lo, hi):
 # figures
 
 
+def _verdict_text(c: dict, column: str) -> str:
+    """What a square of the verdict grid says: ``=`` (``oracle``) for bitwise, the row a
+    fractional point resolved to, and max ulp / max |Δ| where the cell is not bitwise."""
+    v = c["verdict"]
+    text = "oracle" if c.get("oracle") == c.get("id") else {"bitwise": "=", "tolerance": "tol.", "fail": "fail"}[v["status"]]
+    args = c.get("variant_args") or {}
+    rows = ",".join(str(args[k]) for k in ("split", "checkpoint") if k in args)
+    if rows and not column.endswith("@" + rows):
+        text += f" @{rows}"
+    if v["status"] != "bitwise":
+        if v.get("max_ulp") is not None:
+            text += f"\n{v['max_ulp']:,} ulp"
+        if v.get("max_abs") is not None:
+            text += f"\n|Δ| {v['max_abs']:.2g}"
+    return text
+
+
 def verdicts_figure(receipt: dict) -> Figure:
     cells = _cells(receipt)
     if not cells:
         raise NoData("the receipt has no cells")
-    label = _labeller(cells)
+    label = _labeller(cells, receipt.get("spec"))
     extra = _distinguishing(cells, ["prompt", "k", "sampling"], ("model", "mode", "temperature", "seed"))
     row_of = {id(c): _row_label(c, extra) for c in cells}
     col_of = {id(c): label(c) for c in cells}
@@ -153,11 +212,16 @@ def verdicts_figure(receipt: dict) -> Figure:
         if key not in grid or (_SEVERITY.index(c["verdict"]["status"])
                                > _SEVERITY.index(grid[key]["verdict"]["status"])):
             grid[key] = c
+    # a whole receipt has every cell its spec expands: a square without a cell is a schedule that
+    # does not apply to that prompt (the receipt's "skipped"); in a shard it may be elsewhere
+    absent = "other shard" if ((receipt.get("shard") or {}).get("count") or 1) > 1 else "n/a"
     names = list(STATUS_COLOURS)
-    codes = [[names.index(grid[(r, k)]["verdict"]["status"]) if (r, k) in grid else names.index("missing")
+    codes = [[names.index(grid[(r, k)]["verdict"]["status"]) if (r, k) in grid else names.index(absent)
               for k in cols] for r in rows]
+    failing = any(grid[key]["verdict"]["status"] != "bitwise" for key in grid)
 
-    fig = _figure(_clamp(3.4 + 0.85 * len(cols), 7, 26), _clamp(2.4 + 0.3 * len(rows), 4, 40))
+    fig = _figure(_clamp(3.4 + 0.85 * len(cols), 7, 26),
+                  _clamp(2.4 + (0.45 if failing else 0.3) * len(rows), 4, 40))
     ax = fig.add_subplot()
     cmap = ListedColormap([STATUS_COLOURS[n] for n in names])
     ax.imshow(codes, cmap=cmap, norm=BoundaryNorm([i - 0.5 for i in range(len(names) + 1)], len(names)),
@@ -166,25 +230,31 @@ def verdicts_figure(receipt: dict) -> Figure:
         for j, k in enumerate(cols):
             c = grid.get((r, k))
             if c is None:
+                if absent == "n/a":
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///",
+                                           edgecolor="#d0d0d0", linewidth=0))
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="#808080")
                 continue
-            v = c["verdict"]
-            text = {"bitwise": "=", "tolerance": f"{v.get('max_ulp')} ulp", "fail": "fail"}[v["status"]]
-            if c.get("oracle") == c.get("id"):
-                text = "oracle"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="white" if v["status"] == "fail" else "black")
+            status = c["verdict"]["status"]
+            ax.text(j, i, _verdict_text(c, k), ha="center", va="center", fontsize=7 if status == "bitwise" else 6,
+                    color="white" if status == "fail" else "black", linespacing=1.1)
     ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_xticks([j - 0.5 for j in range(1, len(cols))], minor=True)
     ax.set_yticks([i - 0.5 for i in range(1, len(rows))], minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.grid(which="minor", color="#9a9a9a" if absent == "n/a" else "white", linewidth=1.0)
     ax.tick_params(which="minor", length=0)
-    ax.set_xlabel("prefill schedule")
+    ax.set_xlabel("prefill schedule (as the spec gives it; @row: where a fraction of the prompt fell)")
     ax.set_ylabel("prompt · K · sampling")
     ax.set_title(f"Verdict of each schedule against its oracle — {_subtitle(receipt)}", fontsize=10)
     counts = {n: sum(row.count(names.index(n)) for row in codes) for n in names}
-    fig.legend(handles=[Patch(color=STATUS_COLOURS[n], label=f"{n} ({counts[n]})") for n in names],
-               loc="outside lower center", ncols=len(names), fontsize=8, frameon=False)
+    shown = [n for n in names if counts[n] or n in _SEVERITY]
+    handles = []
+    for n in shown:
+        text = {"n/a": "not applicable", "other shard": "in another shard"}.get(n, n)
+        handles.append(Patch(facecolor=STATUS_COLOURS[n], edgecolor="#9a9a9a", hatch="///" if n == "n/a" else None,
+                             label=f"{text} ({counts[n]})"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
     return fig
 
 
@@ -193,6 +263,12 @@ def _by(cells, key):
     for c in cells:
         groups.setdefault(key(c), []).append(c)
     return groups
+
+
+def _dodge(index: int, count: int, width: float = 0.12) -> float:
+    """The sideways offset of line ``index`` of ``count`` so that equal points do not hide each
+    other (all within ``width``)."""
+    return 0.0 if count <= 1 else (index - (count - 1) / 2) * width / (count - 1)
 
 
 def acceptance_figure(receipt: dict) -> Figure:
@@ -206,28 +282,24 @@ def acceptance_figure(receipt: dict) -> Figure:
     ax = fig.add_subplot()
     styles = ("-", "--", ":", "-.")
     kmax = 0
-    for index, (k, sampling) in enumerate(sorted(groups, key=lambda g: (g[0], samplings.index(g[1])))):
+    keys = sorted(groups, key=lambda g: (g[0], samplings.index(g[1])))
+    for index, (k, sampling) in enumerate(keys):
         rates = groups[(k, sampling)]["per_position"]
         n = len(rates)
-        xs = list(range(1, n + 1))
+        xs = [i + 1 + _dodge(index, len(keys)) for i in range(n)]
         kmax = max(kmax, n)
         name = f"K={k}" + (f" {sampling}" if len(samplings) > 1 else "")
-        line, = ax.plot(xs, rates, marker="o", linestyle=styles[samplings.index(sampling) % len(styles)],
-                        label=name)
-        if len(groups) <= 3:  # values on the points while they stay legible
-            side = 1 if index % 2 == 0 else -1  # alternate sides so neighbouring lines' labels part
-            for x, y in zip(xs, rates):
-                ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points",
-                            xytext=(7, 3) if side > 0 else (-7, -11), ha="left" if side > 0 else "right",
-                            fontsize=7, color=line.get_color())
+        ax.plot(xs, rates, marker="o", markersize=5, linestyle=styles[samplings.index(sampling) % len(styles)],
+                label=f"{name}: " + " ".join(f"{r:.2f}" for r in rates))
     ax.set_xticks(range(1, kmax + 1))
-    ax.set_xlim(0.7, kmax + 0.5)
-    ax.set_ylim(0, 1.05)
+    ax.set_xlim(0.7, kmax + 0.3)
+    ax.set_ylim(0.0, 1.05)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (accepted / drafts)")
     ax.set_title(f"MTP acceptance rate per draft position — {_subtitle(receipt)}", fontsize=10)
     ax.grid(alpha=0.3)
-    fig.legend(title="drafts per step", fontsize=8, title_fontsize=8, loc="outside right upper")
+    fig.legend(title="drafts per step: rate at\nposition 1, 2, …", fontsize=8, title_fontsize=8,
+               loc="outside right upper")
     return fig
 
 
@@ -240,22 +312,22 @@ def acceptance_len_figure(receipt: dict) -> Figure:
     ax = fig.add_subplot()
     ks = sorted({c.get("k") for c in cells})
     pooled = acceptance_by_k(cells)
-    for sampling in _unique(c.get("sampling") for c in cells):
-        xs = sorted(k for k, s in pooled if s == sampling)
-        ys = [pooled[(k, sampling)]["mean_acceptance_length"] for k in xs]
-        line, = ax.plot(xs, ys, marker="o", label=str(sampling))
-        for x, y in zip(xs, ys):
-            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(6, -12), fontsize=7,
-                        color=line.get_color())
+    samplings = _unique(c.get("sampling") for c in cells)
+    for index, sampling in enumerate(samplings):
+        ks_s = sorted(k for k, s in pooled if s == sampling)
+        xs = [k + _dodge(index, len(samplings), 0.08) for k in ks_s]
+        ys = [pooled[(k, sampling)]["mean_acceptance_length"] for k in ks_s]
+        ax.plot(xs, ys, marker="o", markersize=5,
+                label=f"{sampling}: " + ", ".join(f"K={k} {y:.2f}" for k, y in zip(ks_s, ys)))
     ax.plot(ks, [k + 1 for k in ks], linestyle="--", color="grey", label="K + 1 (every draft accepted)")
     ax.set_xticks(ks)
-    ax.set_xlim(min(ks) - 0.3, max(ks) + 0.4)
+    ax.set_xlim(min(ks) - 0.3, max(ks) + 0.3)
     ax.set_ylim(0.9, max(ks) + 1.3)
     ax.set_xlabel("K (drafts per step)")
     ax.set_ylabel("mean acceptance length (1 + accepted / drafts)")
     ax.set_title(f"Mean acceptance length vs K — {_subtitle(receipt)}", fontsize=10)
     ax.grid(alpha=0.3)
-    fig.legend(fontsize=8, loc="outside right upper")
+    fig.legend(title="sampling: mean length per K", fontsize=8, title_fontsize=8, loc="outside right upper")
     return fig
 
 
@@ -275,7 +347,7 @@ def prime_throughput_figure(receipt: dict) -> Figure:
              if isinstance((c.get("timings") or {}).get("prime_tokens_per_s"), (int, float))]
     if not cells:
         raise NoData("no cell has timings.prime_tokens_per_s")
-    groups = _by(cells, _labeller(cells))
+    groups = _by(cells, _labeller(cells, receipt.get("spec")))
     labels = list(groups)
     chunks = sorted({c.get("chunk_rows") or 0 for c in cells})
     colour_of = {ch: CHUNK_COLOURS[i % len(CHUNK_COLOURS)] for i, ch in enumerate(chunks)}
@@ -325,21 +397,43 @@ def decode_figure(receipt: dict) -> Figure:
                 medians[(key, name)] = ys[-1]
         if xs:
             ax.bar(xs, ys, width=width, color=colour, label=label)
+    ratios = []
     for x, key in enumerate(keys):
         plain, spec = medians.get((key, "decode_tokens_per_s")), medians.get((key, "spec_tokens_per_s"))
         if plain and spec:
-            ax.annotate(f"×{spec / plain:.2f}", (x + width / 2, spec), textcoords="offset points",
-                        xytext=(0, 3), ha="center", fontsize=8)
+            r = spec / plain
+            ratios.append(r)
+            ax.annotate(f"×{r:.2f}", (x + width / 2, spec), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=8, color=SPEEDUP_COLOURS[r >= 1.0])
     ax.set_xticks(range(len(keys)),
                   [f"K={k}" + (f"\n{s}" if len(samplings) > 1 else "") for k, s in keys])
     ax.margins(y=0.15)
     ax.set_xlabel("K (drafts per step)")
     ax.set_ylabel("decode tokens/s (median over cells)")
-    ax.set_title(f"Decode throughput: plain vs speculative (×: speed-up) — {_subtitle(receipt)}",
-                 fontsize=10)
+    why = ("\nspeculation pays only when verifying K + 1 rows costs about as much as decoding one; "
+           "here it costs more (see the README)" if ratios and max(ratios) < 1.0 else "")
+    ax.set_title(f"{decode_verdict(ratios)} — {_subtitle(receipt)}{why}", fontsize=10 if not why else 9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig
+
+
+SPEEDUP_COLOURS = {True: "#1a7f37", False: "#b3261e"}  # ratio >= 1: faster; < 1: slower
+
+
+def decode_verdict(ratios: list) -> str:
+    """The decode figure's title, as the ratios (speculative / plain tokens/s) say: a speed-up,
+    a slow-down, or mixed."""
+    head = "Decode throughput, speculative vs plain"
+    if not ratios:
+        return head
+    lo, hi = min(ratios), max(ratios)
+    if lo >= 1.0:
+        return f"{head}: a speed-up of ×{lo:.2f}–{hi:.2f}" if hi > lo else f"{head}: a speed-up of ×{lo:.2f}"
+    if hi < 1.0:
+        return (f"{head}: speculation is slower here (×{lo:.2f}–{hi:.2f} of plain)" if hi > lo
+                else f"{head}: speculation is slower here (×{lo:.2f} of plain)")
+    return f"{head}: ×{lo:.2f}–{hi:.2f} (× < 1: slower than plain, > 1: faster)"
 
 
 FIGURES = (
@@ -361,11 +455,12 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def render(receipt: dict, stem: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """Write every figure of ``receipt`` as ``<stem>.<name>.png``; returns (written, skipped)."""
+def render(receipt: dict, stem: str, figures=FIGURES) -> tuple[list[str], list[tuple[str, str]]]:
+    """Write every figure of ``receipt`` (``figures``: (name, builder) pairs) as
+    ``<stem>.<name>.png``; returns (written, skipped)."""
     written, skipped = [], []
     with matplotlib.style.context("default"):
-        for name, build in FIGURES:
+        for name, build in figures:
             try:
                 fig = build(receipt)
             except NoData as e:

@@ -2,11 +2,17 @@
 (:mod:`.ray_workers`), with the receipt of the single-process run.
 
 :func:`run_parallel` plans the run (:func:`.tasks.plan`: every cell and independent prime as a
-task, longest first), starts the executor's workers (each loads the models once), hands one task
+task, longest first), starts the executor's workers (each loads the models once and warms them up
+before its first task, as the single-process runner does before its first cell), hands one task
 at a time to each idle worker, builds the entries as their inputs arrive (:class:`.tasks.Assembly`)
 and tells one progress display about them, and returns the receipt (not written; the caller
 writes it atomically, so an interrupted run leaves none). The receipt equals the single-process
-one under ``harness diff``; its informational ``executor`` block says how the run was spread.
+one under ``harness diff`` (one :func:`.runner.make_receipt` builds both, from entries built by one
+:func:`.runner.cell_entry`); its informational ``executor`` block says how the run was spread.
+Informational fields that a parallel run measures differently: ``env`` is worker 0's (its
+``threads`` are one worker's) with the host's ``cores`` and ``load`` measured here, and
+``warmup_s`` is the longest worker's warm-up (they warm up side by side; each worker's is in
+``executor.workers``).
 
 A worker that dies (its process exits, its Ray actor is lost) is reported (``progress.warning``
 and ``executor.incidents``) and the task it held goes back to the queue for the others. A task
@@ -16,8 +22,9 @@ no GPU) ends the run with that error.
 
 An executor is any object with this protocol (both built-in ones follow it):
 
-- ``kind``: ``"workers"`` or ``"ray"``; ``start(spec, count)``: start ``count`` workers, numbered
-  0..count-1, without waiting for them; ``submit(w, task)``: give worker ``w`` a task;
+- ``kind``: ``"workers"`` or ``"ray"``; ``start(spec, count, warmup)``: start ``count`` workers,
+  numbered 0..count-1, without waiting for them (each a :class:`.tasks.Worker`; ``warmup``: warm
+  its models up before it says ready); ``submit(w, task)``: give worker ``w`` a task;
 - ``poll(timeout)``: the events since the last poll, ``[(w, what, payload)]`` with ``what`` one of
   ``"ready"`` (payload: :meth:`.tasks.Worker.meta`), ``"result"`` (the task's result),
   ``"error"`` (a one-line message) and ``"died"`` (a one-line description); an empty list after
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import time
 
+from ..engine.threads import machine_load
 from ..errors import PrimewalkError
 from .runner import SilentProgress, make_receipt
 from .specfile import MatrixSpec
@@ -41,11 +49,13 @@ POLL_S = 1.0
 
 
 def run_parallel(spec: MatrixSpec, shard: tuple, executor, workers: int | None = None,
-                 progress: SilentProgress | None = None) -> dict:
+                 progress: SilentProgress | None = None, warmup: bool = True) -> dict:
     """Run shard ``shard`` of ``spec`` on ``executor`` with ``workers`` workers (None: the
-    executor's default, see its ``default_workers``) and return the receipt."""
+    executor's default, see its ``default_workers``) and return the receipt. ``warmup``: each
+    worker warms its models up before its first task (``--no-warmup``: not)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
+    load_start = machine_load()
     p = plan(spec, shard)
     progress.notes(p.notes)
     pending = list(p.tasks)  # longest first
@@ -54,7 +64,7 @@ def run_parallel(spec: MatrixSpec, shard: tuple, executor, workers: int | None =
     try:
         count = workers if workers is not None else executor.default_workers(spec)
         count = max(1, min(count, len(pending)))
-        executor.start(spec, count)
+        executor.start(spec, count, warmup)
         progress.begin(len(p.mine))
         alive, idle, busy = set(range(count)), [], {}  # busy: worker -> task
         deaths: dict = {}  # task -> deaths it caused
@@ -105,8 +115,11 @@ def run_parallel(spec: MatrixSpec, shard: tuple, executor, workers: int | None =
                     if not alive:
                         raise PrimewalkError(f"all {count} workers died (last: {text})")
         first = metas[min(metas)]
-        receipt = make_receipt(spec, first["model"], first["env"], shard, time.perf_counter() - t0,
-                               p.notes, assembly.cells())
+        env = dict(first["env"], cores=load_start["cores"],
+                   load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
+        warm_s = max((m["worker"].get("warmup_s") or 0.0) for m in metas.values())
+        receipt = make_receipt(spec, first["model"], env, shard, time.perf_counter() - t0, warm_s,
+                               p.skipped, assembly.cells())
         receipt["executor"] = dict(executor.info(), workers=[
             dict(metas.get(w, {}).get("worker", {}), index=w, tasks=stats[w]["tasks"],
                  busy_s=round(stats[w]["busy_s"], 3), alive=w in alive) for w in range(count)],

@@ -2,9 +2,10 @@
 [--address ADDR]``): the same tasks, the same receipt, on a Ray cluster.
 
 Ray is an optional extra (``pip install 'primewalk[cluster]'``); without it the run stops with a
-one-line error naming the extra. Each worker is an actor that loads the models once and then runs
-one task per call, the parent keeping one call in flight per actor (so tasks still go out longest
-first across the whole cluster, and a lost actor's task is known and re-queued):
+one-line error naming the extra. Each worker is an actor that loads (and warms up) the models
+once and then runs one task per call, the parent keeping one call in flight per actor (so tasks
+still go out longest first across the whole cluster, and a lost actor's task is known and
+re-queued):
 
 - cuda: one GPU per actor (``num_gpus=1``; Ray sets its ``CUDA_VISIBLE_DEVICES``); by default one
   actor per GPU in the cluster;
@@ -42,13 +43,13 @@ class RayWorker:
     """The actor: a :class:`.tasks.Worker` built by :meth:`ready` (so an error loading the models
     comes back as that call's error) and one task per :meth:`run`."""
 
-    def __init__(self, spec, index: int):
-        self.spec, self.index, self.worker = spec, index, None
+    def __init__(self, spec, index: int, warmup: bool = True):
+        self.spec, self.index, self.warmup, self.worker = spec, index, warmup, None
 
     def ready(self) -> dict:
         from .tasks import Worker
 
-        self.worker = Worker(self.spec, self.index)
+        self.worker = Worker(self.spec, self.index, self.warmup)
         return self.worker.meta()
 
     def run(self, task):
@@ -85,7 +86,7 @@ class RayExecutor:
         self._connect()
         return int(self.resources.get("GPU" if spec.backend == "cuda" else "CPU", 0)) or 1
 
-    def start(self, spec, count: int) -> None:
+    def start(self, spec, count: int, warmup: bool = True) -> None:
         ray = self._connect()
         env = {k: v for k, v in os.environ.items() if k.startswith("PRIMEWALK_")}
         if spec.backend == "cuda":
@@ -100,7 +101,7 @@ class RayExecutor:
             opts = {"num_gpus": 0, "num_cpus": cpus}
         actor = ray.remote(RayWorker)
         for i in range(count):
-            a = actor.options(max_restarts=0, runtime_env={"env_vars": env}, **opts).remote(spec, i)
+            a = actor.options(max_restarts=0, runtime_env={"env_vars": env}, **opts).remote(spec, i, warmup)
             self.actors.append(a)
             self.refs[a.ready.remote()] = (i, "ready")
 

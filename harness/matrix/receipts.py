@@ -6,19 +6,25 @@ strings) that loads into pandas. The matrix runner builds the dict and calls
 :func:`write_receipt`; everything else (diff, merge, plots, notebooks) reads it back through
 :func:`read_receipt` or :func:`load`.
 
-Schema version 1::
+Schema version 2 (version 1, the first release's, lacks the fields marked ²; it still loads,
+diffs and plots, see :data:`READABLE_SCHEMAS` and :data:`FIELD_SINCE`)::
 
-    {"schema_version": 1, "kind": "matrix", "created": "2026-11-29T17:00:00Z",
+    {"schema_version": 2, "kind": "matrix", "created": "2026-11-29T17:00:00Z",
      "env": {"git_sha", "git_dirty", "python", "numba", "numpy", "platform",
-             "backend": "cpu"|"cuda", "device", "driver"},
-     "model": {"name", "path", "weights_sha256", "config": {...}},
+             "backend": "cpu"|"cuda", "device", "driver",
+             "threads"², "threads_why"², "cores"², "load"²: {"start": [1, 5, 15 min], "end": [...]}},
+     "model": {"name", "path", "weights_sha256", "config": {...},
+               "tokenizer"²: {"name": "byte"|"tokenizer.json"|"none", "sha256", ...}},
      "spec": {...},  "spec_hash": spec_hash(spec),
-     "shard": {"index": 0, "count": 1},  "wall_s": float,
+     "shard": {"index": 0, "count": 1},  "wall_s": float, "warmup_s"²: float,
+     "notes": [str, ...],
+     "skipped"²: [{"model", "prompt", "prompt_len", "variant", "entry", "schedule", "reason"}, ...],
      "executor"?: {"kind": "workers"|"ray", "workers": [...], "tasks", "incidents": [...]},
-     "cells": [{"id", "order"?, "model", "prompt", "prompt_len", "variant", "variant_args",
+     "cells": [{"id", "order"?, "model", "prompt", "prompt_len", "schedule"², "resolved_points"²,
+                "variant", "variant_args",
                 "chunk_rows", "k", "sampling", "temperature", "seed", "mode", "oracle",
                 "tape": [[phase, rows], ...], "yields",
-                "digests": {"logits", "captures", "final_state", "continuation"},
+                "digests": {"logits", "captures", "final_state", "continuation", "prompt"²},
                 "verdict": {"status": "bitwise"|"tolerance"|"fail", "max_abs", "max_ulp",
                             "bound", "detail"},
                 "continuation": {"tokens": [...]},
@@ -26,6 +32,10 @@ Schema version 1::
                                "per_position": [K floats], "histogram": [K+1 ints]},
                 "timings": {"prime_s", "prime_tokens_per_s", "chunk_wall_s": [...],
                             "decode_tokens_per_s", "spec_tokens_per_s"}}, ...]}
+
+A ``"fairness"`` receipt (``harness fairness``, :mod:`harness.fairness.receipt`) follows the same
+schema with one cell per (run, session) and a few top-level blocks of its own; everything here
+reads it as well.
 
 Which fields a diff compares and which are only recorded is the one table :data:`FIELD_ROLES`.
 Floats must be finite (JSON has no NaN): a non-finite number is refused at write time.
@@ -47,8 +57,12 @@ from importlib import metadata
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # what this harness reads, diffs, merges and plots
 KIND = "matrix"
+# Receipts of these kinds share this schema, their cells' shape and FIELD_ROLES: a "fairness"
+# receipt (harness.fairness) has one cell per (run, session), so diff and load work on it too.
+KINDS = (KIND, "fairness")
 
 # Top-level spec keys left out of spec_hash: receipts of one spec on two backends share a hash.
 SPEC_HASH_EXCLUDED = ("backend", "source")
@@ -76,7 +90,14 @@ FIELD_ROLES = (
     ("receipt", "wall_s", INFORMATIONAL),
     ("receipt", "model.path", INFORMATIONAL),
     ("receipt", "executor.*", INFORMATIONAL),  # how a parallel run was spread (harness.matrix.pool)
+    ("receipt", "model.tokenizer", INFORMATIONAL),  # compared through digests.prompt (the ids)
+    ("receipt", "warmup_s", INFORMATIONAL),
+    ("receipt", "skipped", INFORMATIONAL),  # fixed by the spec and the prompts' lengths
 )
+
+# Compared fields that a schema introduced: a receipt of an older schema does not have them, so
+# they are compared only when both receipts are at least that version.
+FIELD_SINCE = {"digests.prompt": 2}
 
 VERDICTS = ("bitwise", "tolerance", "fail")
 
@@ -88,12 +109,12 @@ REQUIRED_CELL_KEYS = ("id", "oracle", "model", "prompt", "variant", "k", "sampli
 REQUIRED_DIGESTS = ("logits", "captures", "final_state", "continuation")
 
 # Leading CSV columns, in schema order; any other column follows, sorted.
-_CELL_COLUMN_ORDER = ("order", "id", "model", "prompt", "prompt_len", "variant", "variant_args",
-                      "chunk_rows", "k", "sampling", "temperature", "seed", "mode", "oracle",
+_CELL_COLUMN_ORDER = ("order", "id", "model", "prompt", "prompt_len", "schedule", "variant", "variant_args",
+                      "resolved_points", "chunk_rows", "k", "sampling", "temperature", "seed", "mode", "oracle",
                       "tape", "yields", "verdict", "digests", "continuation", "acceptance",
                       "timings")
 # Columns that stay text when the CSV is read back (a digest or a name may look like a number).
-_TEXT_COLUMNS = ("id", "model", "prompt", "variant", "sampling", "mode", "oracle")
+_TEXT_COLUMNS = ("id", "model", "prompt", "schedule", "variant", "sampling", "mode", "oracle")
 
 
 def field_role(scope: str, name: str) -> str | None:
@@ -104,11 +125,12 @@ def field_role(scope: str, name: str) -> str | None:
     return None
 
 
-def compared_fields(cell: dict, digests_only: bool = False) -> dict:
+def compared_fields(cell: dict, digests_only: bool = False, schema: int = SCHEMA_VERSION) -> dict:
     """The compared fields of one cell as ``{dotted name: value}`` (a missing field is None).
 
     ``digests_only`` keeps only ``digests.*``, what receipts of two devices are compared on
-    (``harness diff --digests-only``).
+    (``harness diff --digests-only``). ``schema``: leave out the fields a later schema
+    introduced (:data:`FIELD_SINCE`), to compare with a receipt of that schema.
     """
     out = {}
     for scope, pattern, role in FIELD_ROLES:
@@ -122,7 +144,7 @@ def compared_fields(cell: dict, digests_only: bool = False) -> dict:
                 out[f"{pattern[:-2]}.{key}"] = parent[key]
         else:
             out[pattern] = _get_path(cell, pattern)
-    return out
+    return {k: v for k, v in out.items() if FIELD_SINCE.get(k, 0) <= schema}
 
 
 def _get_path(obj: dict, dotted: str):
@@ -264,14 +286,15 @@ def validate(receipt, where: str = "receipt") -> None:
     if not isinstance(receipt, dict):
         raise PrimewalkError(f"{where}: not a receipt (a JSON object is expected, got "
                              f"{type(receipt).__name__})")
-    if "kind" in receipt and receipt["kind"] != KIND:
-        raise PrimewalkError(f"{where}: a {receipt['kind']!r} receipt, not a {KIND!r} receipt")
+    if "kind" in receipt and receipt["kind"] not in KINDS:
+        raise PrimewalkError(f"{where}: a {receipt['kind']!r} receipt, not a {KIND!r} receipt "
+                             "(or a 'fairness' one)")
     for key in REQUIRED_KEYS:
         if key not in receipt:
             raise PrimewalkError(f"{where}: not a receipt (no '{key}')")
-    if receipt["schema_version"] != SCHEMA_VERSION:
+    if receipt["schema_version"] not in READABLE_SCHEMAS:
         raise PrimewalkError(f"{where}: receipt schema {receipt['schema_version']!r}, this harness "
-                             f"reads schema {SCHEMA_VERSION}")
+                             f"reads schema {_readable()}")
     model = receipt["model"]
     if not isinstance(model, dict) or any(k not in model for k in REQUIRED_MODEL_KEYS):
         raise PrimewalkError(f"{where}: 'model' needs {', '.join(REQUIRED_MODEL_KEYS)}")
@@ -372,9 +395,15 @@ def write_receipt(path: str, receipt: dict) -> None:
         raise PrimewalkError(f"cannot write receipt {path}: {e.strerror or e}") from None
 
 
+def _readable() -> str:
+    return " or ".join(str(v) for v in READABLE_SCHEMAS)
+
+
 def regenerate_command(receipt: dict, path: str) -> str:
     spec = receipt.get("spec") if isinstance(receipt.get("spec"), dict) else {}
     source = spec.get("source") or "default"
+    if receipt.get("kind") == "fairness":
+        return f"harness fairness --spec {source} --out {path}"
     return f"harness run-matrix --spec {source} --out {path}"
 
 
@@ -400,9 +429,9 @@ def read_receipt(path: str) -> dict:
         raise PrimewalkError(f"{path} is not JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
     if not isinstance(receipt, dict) or "schema_version" not in receipt:
         raise PrimewalkError(f"{path} is not a primewalk receipt (no 'schema_version')")
-    if receipt["schema_version"] != SCHEMA_VERSION:
+    if receipt["schema_version"] not in READABLE_SCHEMAS:
         raise PrimewalkError(f"{path} has receipt schema {receipt['schema_version']!r}, this harness "
-                             f"reads schema {SCHEMA_VERSION}; regenerate it: "
+                             f"reads schema {_readable()}; regenerate it: "
                              f"{regenerate_command(receipt, path)}")
     validate(receipt, where=path)
     return receipt

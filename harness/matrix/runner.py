@@ -21,14 +21,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.digests import capture_digest, continuation_digest, logits_digest
+from ..engine.digests import capture_digest, continuation_digest, logits_digest, prompt_digest
 from ..engine.model import Engine
+from ..engine.threads import machine_load
+from ..engine.tokenizer import describe as describe_tokenizer
+from ..engine.tokenizer import load_tokenizer
 from ..engine.weights import load_checkpoint
 from ..errors import PrimewalkError
 from ..walk.check import Peer, oracle_prime
 from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, run_prime
 from ..walk.speculative import continue_plain, continue_spec
-from .cells import Cell, expand
+from ..walk.warmup import warm_up
+from .cells import Cell, expand_all, note_of
 from .receipts import KIND, SCHEMA_VERSION, env_info, spec_hash, utc_now
 from .specfile import MatrixSpec
 
@@ -167,6 +171,7 @@ class _Model:
     ckpt: object
     engine: object
     ids: dict = field(default_factory=dict)  # prompt name -> ids
+    tokenizer: dict = field(default_factory=dict)  # what produced the text prompts' ids (receipt)
 
 
 def load_models(spec: MatrixSpec) -> dict:
@@ -176,10 +181,11 @@ def load_models(spec: MatrixSpec) -> dict:
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
         eng = Engine(ck, spec.backend)
-        m = _Model(name, folder, ck, eng)
+        tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
+        m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size
         for ps in spec.prompts:
-            ids = ps.ids(V)
+            ids = spec.prompt_ids(name, ps, V)
             bad = [t for t in ids if not 0 <= t < V]
             if bad:
                 raise PrimewalkError(f"{spec.where}: {ps.key}: token id {bad[0]} is out of range for "
@@ -191,7 +197,7 @@ def load_models(spec: MatrixSpec) -> dict:
 
 def model_block(models: dict) -> dict:
     blocks = {n: {"name": n, "path": m.path, "weights_sha256": m.ckpt.sha256,
-                  "config": m.ckpt.config.to_dict()} for n, m in models.items()}
+                  "config": m.ckpt.config.to_dict(), "tokenizer": m.tokenizer} for n, m in models.items()}
     if len(blocks) == 1:
         return next(iter(blocks.values()))
     joined = "".join(f"{n}={b['weights_sha256']}\n" for n, b in blocks.items())
@@ -237,18 +243,29 @@ def indep_key(cell: Cell) -> tuple:
     return cell.group + (cell.points,)
 
 
+def warm_models(spec: MatrixSpec, models: dict) -> float:
+    """Run every engine's code paths once (:func:`~harness.walk.warmup.warm_up`) so no cell's
+    timings include Numba compiling a kernel; returns the seconds it took (``warmup_s``)."""
+    return sum(warm_up(m.engine, max(spec.k)) for m in models.values())
+
+
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
-               progress: SilentProgress | None = None) -> dict:
+               progress: SilentProgress | None = None, warmup: bool = True) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
-    :class:`SilentProgress`, the default). :mod:`.pool` runs the same cells in worker processes or
-    on Ray, with the same receipt."""
+    :class:`SilentProgress`, the default); ``warmup``: run every engine's code paths once before
+    the first cell (:func:`warm_models`), so no cell's timings include Numba compiling a kernel
+    (``warmup_s`` records how long it took). :mod:`.pool` runs the same cells in worker
+    processes or on Ray, with the same receipt."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
-    cells, notes = expand(spec)
+    load_start = machine_load()
+    cells, skipped = expand_all(spec)
+    notes = [note_of(x) for x in skipped]
     progress.notes(notes)
     models = models if models is not None else load_models(spec)
+    warm_s = warm_models(spec, models) if warmup else 0.0
     mine = in_shard(cells, shard)
     by_id = {c.id: c for c in cells}
     oracles: dict = {}  # oracle cell id -> Raw
@@ -271,46 +288,65 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
             if key not in indep:
                 indep[key] = oracle_prime(m.engine, ids, cell.k, list(cell.points), cell.sampling)
             ilogits, icaps = indep[key]
-            entry = cell_entry(spec, cell, raw, oracles[cell.oracle], ilogits, icaps)
+            entry = cell_entry(spec, cell, raw, oracles[cell.oracle], ilogits, icaps, prompt_digest(ids))
             out.append(entry)
             progress.done(entry)
     finally:
         progress.close()
     first = next(iter(models.values()))
-    return make_receipt(spec, model_block(models), engine_env(spec, first.engine), shard,
-                        time.perf_counter() - t0, notes, out)
+    return make_receipt(spec, model_block(models), engine_env(spec, first.engine, load_start), shard,
+                        time.perf_counter() - t0, warm_s, skipped, out)
 
 
-def cell_entry(spec: MatrixSpec, cell: Cell, raw: Raw, oracle: Raw, indep_logits, indep_captures: str) -> dict:
-    """The receipt entry of ``cell``: its schedule, what its run produced and its verdict against
-    ``oracle`` (the Raw of ``cell.oracle``) and the independent prime of its group and points."""
+def cell_entry(spec: MatrixSpec, cell: Cell, raw: Raw, oracle: Raw, indep_logits, indep_captures: str,
+               prompt_sha: str) -> dict:
+    """The receipt entry of ``cell``: its schedule (as written and as its points resolved for
+    this model's prompt length), what its run produced and its verdict against ``oracle`` (the Raw
+    of ``cell.oracle``) and the independent prime of its group and points. ``prompt_sha``:
+    :func:`~harness.engine.digests.prompt_digest` of the ids the cell's model was fed (its own
+    tokenizer's, for a text prompt). The single-process runner and :mod:`.tasks` both build
+    entries here, so a parallel run's receipt equals the single-process one."""
     return {
         "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
-        "prompt_len": cell.prompt.length, "variant": cell.variant,
+        "prompt_len": cell.prompt_len, "schedule": cell.schedule,
+        "resolved_points": [{"what": w, "given": g, "row": r, "rule": rule}
+                            for w, g, r, rule in cell.resolved],
+        "variant": cell.variant,
         "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
         "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
         "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
         "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
-        "tape": raw.tape, "yields": raw.yields, "digests": dict(raw.digests),
+        "tape": raw.tape, "yields": raw.yields,
+        "digests": dict(raw.digests, prompt=prompt_sha),
         "verdict": verdict(cell, raw, oracle, np.asarray(indep_logits), indep_captures),
         "continuation": {"tokens": list(raw.tokens)},
         "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
     }
 
 
-def engine_env(spec: MatrixSpec, engine) -> dict:
-    """The receipt's ``env`` block for a run on ``engine``'s backend."""
+def engine_env(spec: MatrixSpec, engine, load_start: dict | None = None) -> dict:
+    """The receipt's ``env`` block for a run on ``engine``'s backend: the versions and device, the
+    backend's thread count (and why), and -- given ``load_start``, :func:`machine_load` at the
+    run's start -- the usable cores and the load averages at the start and now (the end)."""
     B = engine.B
-    return env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
-                    driver=None if spec.backend == "cpu" else B.driver())
+    env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
+                   driver=None if spec.backend == "cpu" else B.driver())
+    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None))
+    if load_start is not None:
+        env.update(cores=load_start["cores"],
+                   load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
+    return env
 
 
-def make_receipt(spec: MatrixSpec, model: dict, env: dict, shard: tuple, wall_s: float, notes: list,
-                 entries: list) -> dict:
-    """The receipt of a run of ``spec`` (shard (I, N)) whose cell entries are ``entries``."""
+def make_receipt(spec: MatrixSpec, model: dict, env: dict, shard: tuple, wall_s: float, warmup_s: float,
+                 skipped: list, entries: list) -> dict:
+    """The receipt of a run of ``spec`` (shard (I, N)) whose cell entries are ``entries``:
+    ``skipped`` are :func:`~.cells.expand_all`'s skipped schedules (the notes say them in words).
+    Both the single-process runner and :mod:`.pool` build their receipt here."""
     index, count = shard
     data = dict(spec.data)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": utc_now(), "env": env,
             "model": model, "spec": data, "spec_hash": spec_hash(data),
             "shard": {"index": index, "count": count}, "wall_s": wall_s,
-            "notes": list(notes), "cells": entries}
+            "warmup_s": warmup_s, "notes": [note_of(x) for x in skipped], "skipped": list(skipped),
+            "cells": entries}

@@ -31,13 +31,20 @@ Spec (TOML; keys other than these are errors)::
     text = "def main():"
     name = "code"
 
-Split / checkpoint points are absolute rows (ints) or fractions of the prompt (floats in (0, 1))
-rounded down to the GDN grid of 64, as in the seed. A point must leave two segments of at least
-``PRIME_MIN_T`` rows: an explicit point that does not is refused (a point at or past the end of a
-prompt just does not apply to it); a fraction that does not skips that cell with a note. ``short``
-applies to prompts of at most ``fill_chunk`` rows and primes with ``fill_chunk`` = the prompt
-length. ``yielded-with-peer`` advances one chunk at a time with a peer session decoding a token
-between chunks (optionally split and checkpointed).
+Every key, with examples, is documented in ``docs/specs.md``. Text and file prompts are encoded
+by each model's own tokenizer (:mod:`harness.engine.tokenizer`), so their length can differ
+between the models of one spec; a model without a tokenizer refuses them.
+
+Split / checkpoint points are absolute rows (ints) or fractions of the prompt (floats in (0, 1)).
+A point must leave two segments of at least ``PRIME_MIN_T`` = 32 rows. An explicit row that does
+not is refused (a row at or past the end of a prompt just does not apply to it). A fraction f of
+a T-token prompt resolves by :meth:`Point.resolve`: ⌊f·T⌋ rounded down to the GDN grid of 64 (the
+seed's rule) when that leaves two segments of ``PRIME_MIN_T`` rows; otherwise the row nearest to
+f·T that does (f·T rounded half up, clamped to [32, T − 32]); a prompt of fewer than
+2 · ``PRIME_MIN_T`` = 64 tokens cannot be split, and the cell is skipped (the receipt lists it
+under ``skipped``). ``short`` applies to prompts of at most ``fill_chunk`` rows and primes with
+``fill_chunk`` = the prompt length. ``yielded-with-peer`` advances one chunk at a time with a
+peer session decoding a token between chunks (optionally split and checkpointed).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import json
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -92,13 +99,38 @@ class Point:
     def fraction(self) -> bool:
         return isinstance(self.value, float)
 
-    def resolve(self, tp: int) -> int:
-        if self.fraction:
-            return (int(math.floor(self.value * tp)) // GDN_GRID) * GDN_GRID
-        return int(self.value)
+    def resolve(self, tp: int) -> int | None:
+        """The row of this point in a ``tp``-token prompt (module docstring): an explicit row as
+        it is; a fraction on the grid of 64 when that leaves two segments of ``PRIME_MIN_T``
+        rows, else the nearest row that does; None when no row does (``tp`` < 64)."""
+        if not self.fraction:
+            return int(self.value)
+        return self.resolution(tp)[0]
+
+    def resolution(self, tp: int) -> tuple:
+        """(row or None, how it was found), e.g. ``(64, "0.5 × 130 = 65 → 64 (down to the grid of
+        64)")``."""
+        if not self.fraction:
+            return int(self.value), f"row {int(self.value)} (explicit)"
+        exact = self.value * tp
+        head = f"{self.value:g} × {tp} = {exact:g}"
+        grid = (int(math.floor(exact)) // GDN_GRID) * GDN_GRID
+        if usable_point(grid, tp):
+            return grid, f"{head} → {grid} (down to the grid of {GDN_GRID})"
+        if tp < 2 * PRIME_MIN_T:
+            return None, (f"{head}: a {tp}-token prompt cannot be split (two segments of at least "
+                          f"PRIME_MIN_T = {PRIME_MIN_T} rows need {2 * PRIME_MIN_T})")
+        row = min(max(int(math.floor(exact + 0.5)), PRIME_MIN_T), tp - PRIME_MIN_T)
+        return row, (f"{head} → {row} (the grid row {grid} leaves a segment under {PRIME_MIN_T} rows; "
+                     f"nearest row leaving {PRIME_MIN_T} on each side)")
 
     def __str__(self) -> str:
         return f"{self.value:g}" if self.fraction else str(self.value)
+
+
+def usable_point(p: int, tp: int) -> bool:
+    """Row ``p`` splits a ``tp``-token prompt into two segments of at least ``PRIME_MIN_T`` rows."""
+    return PRIME_MIN_T <= p and tp - p >= PRIME_MIN_T
 
 
 @dataclass(frozen=True)
@@ -106,17 +138,22 @@ class PromptSpec:
     name: str
     kind: str  # synthetic | text | file
     key: str  # where in the spec, e.g. "prompts[0].lengths[1]"
-    length: int
+    length: int | None  # tokens: synthetic; text / file: when every model's tokenizer agrees
     seed: int | None = None  # synthetic
-    token_ids: tuple | None = None  # text / file
+    token_ids: tuple | None = None  # text / file: the ids when every model's tokenizer agrees
     k: tuple | None = None  # per-prompt K values (None: the spec's)
     sampling: tuple | None = None  # per-prompt sampling labels (None: all)
+    text: str | None = None  # text / file: the text the models' tokenizers encode
 
     def ids(self, vocab_size: int) -> list[int]:
-        """The prompt's token ids (synthetic ids are uniform in [0, vocab_size), seeded)."""
+        """The prompt's token ids (synthetic ids are uniform in [0, vocab_size), seeded); a text
+        prompt's when every model encodes it alike (else :meth:`MatrixSpec.prompt_ids`)."""
         if self.kind == "synthetic":
             rng = np.random.default_rng([int(self.seed), int(self.length)])
             return [int(t) for t in rng.integers(0, vocab_size, self.length)]
+        if self.token_ids is None:
+            raise PrimewalkError(f"{self.key}: the models' tokenizers encode this prompt differently; "
+                                 "ask the spec for one model's ids")
         return list(self.token_ids)
 
 
@@ -129,6 +166,14 @@ class Case:
     chunk_rows: int | None = None  # batched only
     split: Point | None = None
     checkpoint: Point | None = None
+
+    @property
+    def label(self) -> str:
+        """The schedule as the spec writes it: ``split@0.5``, ``batched@c32``,
+        ``split+checkpoint@0.5,0.75`` (the cell id shows the rows the points resolve to)."""
+        points = [str(p) for p in (self.split, self.checkpoint) if p is not None]
+        text = self.variant + ("@" + ",".join(points) if points else "")
+        return text + (f"@c{self.chunk_rows}" if self.variant == "batched" else "")
 
 
 @dataclass
@@ -149,6 +194,18 @@ class MatrixSpec:
     backend: str
     data: dict = field(default_factory=dict)  # the normalised spec, as recorded in the receipt
     builtin: str | None = None  # the stem of a built-in spec (harness/specs/<stem>.toml), else None
+    tokenizers: dict = field(default_factory=dict)  # model name -> tokenizer (None: the model has none)
+    encoded: dict = field(default_factory=dict)  # (model, prompt name) -> ids of a text / file prompt
+
+    def prompt_ids(self, model: str, ps: PromptSpec, vocab_size: int) -> list[int]:
+        """The ids ``model`` is fed for prompt ``ps`` (its tokenizer's, for text and files)."""
+        if ps.kind == "synthetic":
+            return ps.ids(vocab_size)
+        return list(self.encoded[(model, ps.name)])
+
+    def prompt_len(self, model: str, ps: PromptSpec) -> int:
+        """How many tokens prompt ``ps`` has for ``model``."""
+        return ps.length if ps.kind == "synthetic" else len(self.encoded[(model, ps.name)])
 
     @property
     def is_default(self) -> bool:
@@ -252,17 +309,40 @@ def load_spec(path: str | None = None, backend: str | None = None, model: str | 
         source = "default" if stem == "default" else where
     else:
         where = source = full
-    try:
-        with open(full, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
+    data = read_toml(full, where)
     spec = parse_spec(data, where=where, source=source,
                       base_dir=os.path.dirname(os.path.abspath(full)), backend=backend, model=model)
     spec.builtin = stem
     return spec
+
+
+def read_toml(path: str, where: str) -> dict:
+    """The parsed TOML file at ``path``; a one-line error naming ``where`` if it cannot be read
+    or parsed."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise PrimewalkError(f"{where}: cannot read the spec ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PrimewalkError(f"{where}: not valid TOML ({e})") from None
+
+
+def read_text_file(base_dir: str, path: str) -> tuple[bytes, str]:
+    """The bytes and the UTF-8 text of the prompt file ``path`` (relative to ``base_dir``);
+    ValueError says why not (unreadable, not UTF-8, empty)."""
+    full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+    try:
+        with open(full, "rb") as f:
+            raw = f.read()
+        text = raw.decode("utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"{path} is empty")
+    return raw, text
 
 
 def parse_spec(data: dict, where: str = "spec.toml", source: str | None = None,
@@ -279,17 +359,19 @@ def parse_spec(data: dict, where: str = "spec.toml", source: str | None = None,
     if not isinstance(data, dict):
         w.expect("(top level)", "a TOML table", data)
     _check_keys(w, "", data, TOP_KEYS)
+    _check_required(w, data)
     mode, backend, max_new, chunk_rows, fill_chunk, ks = _scalars(w, data, backend)
     samplings, labels, norm_s = _samplings(w, data)
     models, dirs = _models(w, data, base_dir, model)
     prompts, norm_p = _prompts(w, data, base_dir, labels)
     cases, norm_v = _variants(w, data)
-    _check_points(w, cases, prompts)
+    tokenizers, encoded, prompts = _encode(w, dirs, prompts)
 
     spec = MatrixSpec(source=source or where, where=where, models=models, model_dirs=dirs,
                       prompts=prompts, cases=cases, k=tuple(ks), sampling=samplings, labels=labels,
                       max_new_tokens=max_new, chunk_rows=chunk_rows, fill_chunk=fill_chunk,
-                      mode=mode, backend=backend)
+                      mode=mode, backend=backend, tokenizers=tokenizers, encoded=encoded)
+    _check_points(w, cases, spec)
     spec.data = {"models": dict(models), "prompts": norm_p, "variants": norm_v, "k": list(ks),
                  "sampling": norm_s, "max_new_tokens": max_new, "chunk_rows": chunk_rows,
                  "fill_chunk": fill_chunk, "mode": mode, "backend": backend,
@@ -320,8 +402,6 @@ def _scalars(w, data, backend):
     fill_chunk = _pos_int(w, "fill_chunk", data.get("fill_chunk", 64))
     if "description" in data and not isinstance(data["description"], str):
         w.expect("description", "a string", data["description"])
-    if "k" not in data:
-        w.fail("k", "missing (expected a list of positive integers, e.g. k = [1, 2, 3])")
     ks = _int_list(w, "k", data["k"])
     return mode, backend, max_new, chunk_rows, fill_chunk, ks
 
@@ -422,8 +502,6 @@ def _prompts(w, data, base_dir, labels):
 def _prompt_entry(w, key, i, p, base_dir, labels):
     """One ``[[prompts]]`` table: its PromptSpecs (a synthetic entry gives one per length) and
     its normalised form."""
-    from .. import tokenizer
-
     if not isinstance(p, dict):
         w.expect(key, 'a table with kind = "synthetic" | "text" | "file"', p)
     kind = p.get("kind")
@@ -465,29 +543,19 @@ def _prompt_entry(w, key, i, p, base_dir, labels):
         text = p.get("text")
         if not isinstance(text, str) or not text:
             w.expect(f"{key}.text", "a non-empty string", text)
-        ids = tuple(tokenizer.encode(text))
-        added.append(PromptSpec(name or f"text{i}", kind, f"{key}.text", len(ids), token_ids=ids,
-                                k=pk, sampling=psamp))
+        added.append(PromptSpec(name or f"text{i}", kind, f"{key}.text", None, k=pk, sampling=psamp,
+                                text=text))
         norm.update(text=text)
     else:
         path = p.get("path")
         if not isinstance(path, str) or not path:
             w.expect(f"{key}.path", "a text file path (relative to the spec)", path)
-        full = path if os.path.isabs(path) else os.path.join(base_dir, path)
         try:
-            with open(full, "rb") as f:
-                raw = f.read()
-            text = raw.decode("utf-8")
-        except OSError as e:
-            w.fail(f"{key}.path", f"cannot read {path} ({e.strerror or e})")
-        except UnicodeDecodeError:
-            w.fail(f"{key}.path", f"{path} is not UTF-8 text")
-        if not text:
-            w.fail(f"{key}.path", f"{path} is empty")
-        ids = tuple(tokenizer.encode(text))
+            raw, text = read_text_file(base_dir, path)
+        except ValueError as e:
+            w.fail(f"{key}.path", str(e))
         stem = name or _safe_stem(path)
-        added.append(PromptSpec(stem, kind, f"{key}.path", len(ids), token_ids=ids, k=pk,
-                                sampling=psamp))
+        added.append(PromptSpec(stem, kind, f"{key}.path", None, k=pk, sampling=psamp, text=text))
         norm.update(path=path, sha256=hashlib.sha256(raw).hexdigest())
     if name is not None:
         norm["name"] = name
@@ -549,8 +617,9 @@ def _variants(w, data):
     return cases, norm_v
 
 
-def _check_points(w, cases, prompts):
-    """Explicit points must leave two segments of PRIME_MIN_T rows in every prompt they apply to."""
+def _check_points(w, cases, spec):
+    """Explicit points must leave two segments of PRIME_MIN_T rows in every prompt they apply to
+    (for every model: a text prompt's length is its tokenizer's)."""
     for c in cases:
         for what, pt in (("split", c.split), ("checkpoint", c.checkpoint)):
             if pt is None or pt.fraction:
@@ -559,8 +628,65 @@ def _check_points(w, cases, prompts):
             if pt.value < PRIME_MIN_T:
                 w.fail(key, f"{what} point {pt.value} leaves a first segment of {pt.value} rows "
                             f"(< PRIME_MIN_T = {PRIME_MIN_T})")
-            for ps in prompts:
-                if pt.value < ps.length and ps.length - pt.value < PRIME_MIN_T:
-                    w.fail(key, f"{what} point {pt.value} leaves a last segment of {ps.length - pt.value} "
-                                f"rows in prompt {ps.name} ({ps.length} tokens; < PRIME_MIN_T = "
-                                f"{PRIME_MIN_T}); use a fraction such as 0.5")
+            for model in spec.models:
+                for ps in spec.prompts:
+                    n = spec.prompt_len(model, ps)
+                    if pt.value < n and n - pt.value < PRIME_MIN_T:
+                        w.fail(key, f"{what} point {pt.value} leaves a last segment of {n - pt.value} "
+                                    f"rows in prompt {ps.name} ({n} tokens"
+                                    + (f" for model {model}" if len(spec.models) > 1 else "")
+                                    + f"; < PRIME_MIN_T = {PRIME_MIN_T}); use a fraction such as 0.5")
+
+
+def _encode(w, dirs, prompts):
+    """Each model's tokenizer, the ids of every text / file prompt per model, and the prompts
+    with ``length`` / ``token_ids`` set where every model encodes them alike. A text prompt on a
+    model without a tokenizer is refused."""
+    from ..engine.config import ModelConfig
+    from ..engine.tokenizer import encode_text, load_tokenizer
+
+    texts = [ps for ps in prompts if ps.kind != "synthetic"]
+    tokenizers, encoded = {}, {}
+    for name, folder in dirs.items():
+        cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
+        tok = tokenizers[name] = load_tokenizer(folder, cfg.vocab_size)
+        for ps in texts:
+            try:
+                encoded[(name, ps.name)] = tuple(encode_text(tok, ps.text, folder, cfg.vocab_size,
+                                                             f"a {ps.kind} prompt"))
+            except PrimewalkError as e:
+                w.fail(ps.key, f"model {name}: {e}")
+    out = []
+    for ps in prompts:
+        if ps.kind != "synthetic":
+            variants = {encoded[(name, ps.name)] for name in dirs}
+            if len(variants) == 1:
+                ids = next(iter(variants))
+                ps = replace(ps, length=len(ids), token_ids=ids)
+        out.append(ps)
+    return tokenizers, encoded, out
+
+
+def _check_required(w, data):
+    """Every required key that is missing, reported at once: ``k``, ``variants``, ``prompts``,
+    each prompt's ``kind`` and its kind's key (``lengths``, ``text``, ``path``), and each
+    variant's arguments."""
+    missing = [key for key in ("k", "variants", "prompts") if key not in data]
+    need = {"synthetic": "lengths", "text": "text", "file": "path"}
+    prompts = data.get("prompts")
+    for i, p in enumerate(prompts if isinstance(prompts, list) else []):
+        if isinstance(p, dict):
+            if "kind" not in p:
+                missing.append(f"prompts[{i}].kind")
+            elif p["kind"] in need and need[p["kind"]] not in p:
+                missing.append(f"prompts[{i}].{need[p['kind']]}")
+    variants = data.get("variants")
+    for i, v in enumerate(variants if isinstance(variants, list) else []):
+        if isinstance(v, dict) and v.get("name") in VARIANT_KEYS:
+            missing += [f"variants[{i}].{r}" for r in VARIANT_KEYS[v["name"]][1] if r not in v]
+    if missing:
+        examples = {"k": "k = [1, 2]", "variants": 'variants = ["unyielded"]',
+                    "prompts": '[[prompts]] kind = "synthetic" lengths = [130]'}
+        shown = "; ".join(f"{m} (e.g. {examples[m]})" if m in examples else m for m in missing)
+        raise PrimewalkError(f"{w.where}: missing required key{'s' if len(missing) > 1 else ''}: {shown}; "
+                             "docs/specs.md lists every key")

@@ -4,8 +4,9 @@ The single-process runner (:func:`.runner.run_matrix`) walks the cells in spec o
 cell's oracle and its independent prime when it first needs them. A parallel run (:mod:`.pool`)
 needs the same computations as units that any worker may run, in any order:
 
-- a **cell task** runs one cell (:func:`.runner.run_cell`) and returns its :class:`~.runner.Raw`.
-  Every oracle a recorded cell is judged by is a cell task too (one outside ``--shard`` is run,
+- a **cell task** runs one cell (:func:`.runner.run_cell`) on the ids its model is fed (a text
+  prompt as the model's own tokenizer encodes it, :func:`.runner.load_models`) and returns its
+  :class:`~.runner.Raw` and the digest of those ids (the entry's ``digests.prompt``). Every oracle a recorded cell is judged by is a cell task too (one outside ``--shard`` is run,
   not recorded), so each oracle runs once in the whole run, not once per worker;
 - a **prime task** runs the independent unyielded prime of one (model, prompt, K, sampling,
   boundary points) (:func:`~harness.walk.check.oracle_prime`) and returns (logits, capture
@@ -20,7 +21,8 @@ how the work was split, and ``harness diff`` between the two exits 0.
 
 Tasks are handed out longest first (:func:`estimate_cost`), so the last tasks to finish are short.
 :class:`Worker` is what every worker process (local or Ray) holds: the spec and its models,
-loaded once.
+loaded once and warmed up (:func:`.runner.warm_models`) before its first timed task, as the
+single-process runner does before its first cell.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.digests import prompt_digest
 from ..errors import PrimewalkError
 from . import runner
-from .cells import Cell, expand
+from .cells import Cell, expand_all, note_of
 from .specfile import MatrixSpec
 
 # The cost model behind longest-first. Units: one batched prompt row at a short context. Only the
@@ -57,8 +60,9 @@ def prime_cost(tp: int) -> float:
 
 
 def estimate_cost(cell: Cell, max_new: int) -> float:
-    """Estimated cost of running ``cell``: prompt length x schedule, plus the continuation."""
-    tp = cell.prompt.length
+    """Estimated cost of running ``cell``: prompt length (its model's tokens) x schedule, plus the
+    continuation."""
+    tp = cell.prompt_len
     prime = prime_cost(tp) * (TOKENWISE_ROW if cell.tokenwise else 1.0)
     return prime + 2 * max_new * DECODE_ROW * (1.0 + tp / ATTENTION_ROWS)
 
@@ -84,15 +88,20 @@ class Plan:
     cell and prime task they need, longest first."""
 
     cells: list  # every cell of the spec, in spec order
-    notes: list  # the cells left out (expand's notes)
+    skipped: list  # the schedules left out (expand_all's skipped dicts)
     mine: list  # the cells of this shard (recorded)
     tasks: list  # Task, longest first
+
+    @property
+    def notes(self) -> list:
+        """The skipped schedules in words (the receipt's ``notes``)."""
+        return [note_of(x) for x in self.skipped]
 
 
 def plan(spec: MatrixSpec, shard: tuple = (0, 1)) -> Plan:
     """The tasks of ``spec``'s shard (I, N): the recorded cells, the oracle cells they are judged
     by, and one prime task per (group, points); sorted by :func:`estimate_cost`, longest first."""
-    cells, notes = expand(spec)
+    cells, skipped = expand_all(spec)
     by_id = {c.id: c for c in cells}
     mine = runner.in_shard(cells, shard)
     tasks, seen = [], set()
@@ -105,9 +114,9 @@ def plan(spec: MatrixSpec, shard: tuple = (0, 1)) -> Plan:
     for cell in mine:
         for c in (by_id[cell.oracle], cell):
             add("cell", c, ("cell", c.id), estimate_cost(c, spec.max_new_tokens))
-        add("prime", cell, ("prime",) + runner.indep_key(cell), prime_cost(cell.prompt.length))
+        add("prime", cell, ("prime",) + runner.indep_key(cell), prime_cost(cell.prompt_len))
     tasks.sort(key=lambda t: (-t.cost, t.seq))
-    return Plan(cells, notes, mine, tasks)
+    return Plan(cells, skipped, mine, tasks)
 
 
 class Assembly:
@@ -119,6 +128,7 @@ class Assembly:
         self.spec = spec
         self.by_id = {c.id: c for c in p.cells}
         self.raw: dict = {}  # cell id -> Raw
+        self.prompt_sha: dict = {}  # cell id -> digest of the ids its model was fed
         self.primes: dict = {}  # indep key -> (logits, capture digest)
         self.waiting = {c.id: c for c in p.mine}
         self.entries: dict = {}  # cell id -> receipt entry
@@ -127,7 +137,7 @@ class Assembly:
     def add(self, task: Task, result) -> list:
         """Store ``task``'s result; return the entries it completed, in spec order."""
         if task.kind == "cell":
-            self.raw[task.cell_id] = result
+            self.raw[task.cell_id], self.prompt_sha[task.cell_id] = result
         else:
             logits, caps = result
             self.primes[runner.indep_key(self.by_id[task.cell_id])] = (logits, caps)
@@ -136,7 +146,8 @@ class Assembly:
             key = runner.indep_key(cell)
             if cid in self.raw and cell.oracle in self.raw and key in self.primes:
                 ilogits, icaps = self.primes[key]
-                entry = runner.cell_entry(self.spec, cell, self.raw[cid], self.raw[cell.oracle], ilogits, icaps)
+                entry = runner.cell_entry(self.spec, cell, self.raw[cid], self.raw[cell.oracle], ilogits, icaps,
+                                          self.prompt_sha[cid])
                 self.entries[cid] = entry
                 del self.waiting[cid]
                 done.append(entry)
@@ -153,13 +164,16 @@ class Assembly:
 
 class Worker:
     """What one worker process holds: the spec, its cells and its models, loaded once
-    (:func:`.runner.load_models`); :meth:`run` runs one task on them."""
+    (:func:`.runner.load_models`: text prompts encoded by each model's own tokenizer) and, with
+    ``warmup``, warmed up before its first task (:func:`.runner.warm_models`; ``warmup_s``);
+    :meth:`run` runs one task on them."""
 
-    def __init__(self, spec: MatrixSpec, index: int):
+    def __init__(self, spec: MatrixSpec, index: int, warmup: bool = True):
         self.spec, self.index, self.done = spec, index, 0
-        cells, _ = expand(spec)
+        cells, _ = expand_all(spec)
         self.by_id = {c.id: c for c in cells}
         self.models = runner.load_models(spec)
+        self.warmup_s = runner.warm_models(spec, self.models) if warmup else 0.0
         self.die_after = die_after(index)
 
     def meta(self) -> dict:
@@ -169,24 +183,24 @@ class Worker:
 
         first = next(iter(self.models.values()))
         env = runner.engine_env(self.spec, first.engine)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "device": env["device"]}
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "device": env["device"],
+                "warmup_s": self.warmup_s}
         if self.spec.backend == "cpu":
-            import numba
-
-            info["threads"] = int(numba.config.NUMBA_NUM_THREADS)
+            info["threads"], info["threads_why"] = env["threads"], env["threads_why"]
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             info["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
         return {"model": runner.model_block(self.models), "env": env, "worker": info}
 
     def run(self, task: Task):
-        """A cell task's Raw, or a prime task's (logits, capture digest)."""
+        """A cell task's (Raw, digest of the prompt ids), or a prime task's (logits, capture
+        digest)."""
         if self.die_after is not None and self.done >= self.die_after:
             os._exit(DIE_STATUS)
         cell = self.by_id[task.cell_id]
         m = self.models[cell.model]
         ids = m.ids[cell.prompt.name]
         if task.kind == "cell":
-            out = runner.run_cell(m.engine, cell, ids, self.spec.max_new_tokens)
+            out = (runner.run_cell(m.engine, cell, ids, self.spec.max_new_tokens), prompt_digest(ids))
         else:
             logits, caps = runner.oracle_prime(m.engine, ids, cell.k, list(cell.points), cell.sampling)
             out = (np.array(logits, copy=True), caps)

@@ -1,0 +1,191 @@
+"""Elementwise ops: ``embed``, ``add``, ``swiglu_act``, ``sigmoid_gate``, ``nonfinite_flag`` and
+the scalar maps (``map_exp`` … ``map_softplus``: tests and host-side sampling).
+
+Each output element is one body call: the CPU twin loops over rows and columns, the CUDA kernel
+runs one thread per element (``row_col`` splits its index).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .exact import exp32, row_col, sigmoid32, silu32, softplus32
+from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin
+
+MAPS = {"map_exp": 0, "map_sigmoid": 1, "map_silu": 2, "map_softplus": 3}  # map op: ``which``
+
+
+# ------------------------------------------------------------------------------------------------
+# scalar maps
+# ------------------------------------------------------------------------------------------------
+@body
+def scalar_map(v, which):
+    if which == 0:
+        return exp32(v)
+    if which == 1:
+        return sigmoid32(v)
+    if which == 2:
+        return silu32(v)
+    return softplus32(v)
+
+
+@twin(bound=MAPS)
+def map_cpu(x, out, which):
+    """out[i] = f(x[i]) over a 1-D array, f picked by ``which`` (MAPS)."""
+    for i in range(x.size):
+        out[i] = scalar_map(x[i], which)
+
+
+@kernel
+def map_k(x, out, which):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = scalar_map(x[i], which)
+
+
+@launcher(bound=MAPS)
+def map_cuda(x, out, which):
+    launch(map_k, *grid1(x.size), x, out, which)
+
+
+# ------------------------------------------------------------------------------------------------
+# embed
+# ------------------------------------------------------------------------------------------------
+@body
+def embed_at(ids, table, out, r, c):
+    out[r, c] = table[ids[r], c]
+
+
+@twin("embed")
+def embed_cpu(ids, table, out):
+    """out[r] = table[ids[r]] for every id."""
+    for r in range(ids.shape[0]):
+        for c in range(table.shape[1]):
+            embed_at(ids, table, out, r, c)
+
+
+@kernel
+def embed_k(ids, table, out, R):
+    i = cuda.grid(1)
+    if i < R * table.shape[1]:
+        r, c = row_col(i, table.shape[1])
+        embed_at(ids, table, out, r, c)
+
+
+@launcher("embed")
+def embed_cuda(ids, table, out):
+    R = ids.shape[0]
+    launch(embed_k, *grid1(R * table.shape[1]), ids, table, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# add, swiglu_act, sigmoid_gate
+# ------------------------------------------------------------------------------------------------
+@body
+def add_at(X, Y, out, r, c):
+    out[r, c] = X[r, c] + Y[r, c]
+
+
+@twin("add")
+def add_cpu(X, Y, out, R):
+    """out = X + Y over R rows."""
+    for r in range(R):
+        for c in range(X.shape[1]):
+            add_at(X, Y, out, r, c)
+
+
+@kernel
+def add_k(X, Y, out, R):
+    i = cuda.grid(1)
+    if i < R * X.shape[1]:
+        r, c = row_col(i, X.shape[1])
+        add_at(X, Y, out, r, c)
+
+
+@launcher("add")
+def add_cuda(X, Y, out, R):
+    launch(add_k, *grid1(R * X.shape[1]), X, Y, out, R)
+
+
+@body
+def swiglu_at(GU, I, out, r, c):
+    out[r, c] = fmul(silu32(GU[r, c]), GU[r, I + c])
+
+
+@twin("swiglu_act")
+def swiglu_act_cpu(GU, I, out, R):
+    """out[r, i] = silu(GU[r, i]) · GU[r, I + i] (gate ‖ up in one row)."""
+    for r in range(R):
+        for c in range(I):
+            swiglu_at(GU, I, out, r, c)
+
+
+@kernel
+def swiglu_act_k(GU, I, out, R):
+    i = cuda.grid(1)
+    if i < R * I:
+        r, c = row_col(i, I)
+        swiglu_at(GU, I, out, r, c)
+
+
+@launcher("swiglu_act")
+def swiglu_act_cuda(GU, I, out, R):
+    launch(swiglu_act_k, *grid1(R * I), GU, I, out, R)
+
+
+@body
+def gate_at(O, G, go, out, r, c):
+    out[r, c] = fmul(O[r, c], sigmoid32(G[r, go + c]))
+
+
+@twin("sigmoid_gate")
+def sigmoid_gate_cpu(O, G, go, out, R):
+    """out[r, i] = O[r, i] · sigmoid(G[r, go + i])."""
+    for r in range(R):
+        for c in range(O.shape[1]):
+            gate_at(O, G, go, out, r, c)
+
+
+@kernel
+def sigmoid_gate_k(O, G, go, out, R):
+    i = cuda.grid(1)
+    if i < R * O.shape[1]:
+        r, c = row_col(i, O.shape[1])
+        gate_at(O, G, go, out, r, c)
+
+
+@launcher("sigmoid_gate")
+def sigmoid_gate_cuda(O, G, go, out, R):
+    launch(sigmoid_gate_k, *grid1(R * O.shape[1]), O, G, go, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# the non-finite flag
+# ------------------------------------------------------------------------------------------------
+@body
+def nonfinite(v):
+    return v != v or v == np.inf or v == -np.inf
+
+
+@twin("nonfinite_flag")
+def nonfinite_flag_cpu(X, R, flags, slot):
+    """flags[slot] = 1 when X[:R] holds a NaN or Inf."""
+    for r in range(R):
+        for c in range(X.shape[1]):
+            if nonfinite(X[r, c]):
+                flags[slot] = 1
+                return
+
+
+@kernel
+def nonfinite_flag_k(X, R, flags, slot):
+    i = cuda.grid(1)
+    if i < R * X.shape[1]:
+        r, c = row_col(i, X.shape[1])
+        if nonfinite(X[r, c]):
+            flags[slot] = 1
+
+
+@launcher("nonfinite_flag")
+def nonfinite_flag_cuda(X, R, flags, slot):
+    launch(nonfinite_flag_k, *grid1(R * X.shape[1]), X, R, flags, slot)

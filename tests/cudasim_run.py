@@ -1,0 +1,279 @@
+"""The CUDA backend under Numba's simulator against the CPU twins, bit for bit (run by
+tests/test_cudasim.py in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``; prints one ``RESULT`` line
+of JSON).
+
+The simulator runs every CUDA thread in Python. :mod:`numba_kernels.launch` binds primitives that
+round like the GPU (a true fused multiply-add, float32 rounding everywhere else), so a simulated
+kernel computes the GPU's bits and every comparison here is exact. Per case it records whether
+the outputs are bitwise equal, the largest ulp distance, and which kernels ran
+(``numba_kernels.cuda.LAUNCHES``); the test decides.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cudasim_blocks  # noqa: E402
+
+cudasim_blocks.install()
+
+from numba import cuda  # noqa: E402
+from numba.core import config  # noqa: E402
+
+assert config.ENABLE_CUDASIM, "the simulator is not on"
+
+from numba_kernels import cpu as kp  # noqa: E402
+from numba_kernels import cuda as kc  # noqa: E402
+from numba_kernels import dispatch  # noqa: E402
+
+assert kc.SIMULATED
+
+F32 = np.float32
+rng = np.random.default_rng(0)
+CASES: list = []
+POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_tiled": 4}
+
+
+def r(*shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+def ulps(a, b):
+    """Largest distance in float32 ulps (on the monotone integer line of the bits)."""
+    def line(x):
+        i = x.view(np.int32).astype(np.int64)
+        return np.where(i < 0, np.int64(-(2 ** 31)) - i, i)
+    return int(np.abs(line(a) - line(b)).max()) if a.size else 0
+
+
+def case(op, cid, args, outs, cuda_op=None, rows=None, pos=False):
+    """Run op on the CPU twin and ``cuda_op`` (default: the same op) on the simulator; compare
+    args[i] for i in ``outs``. ``pos``: the CUDA side takes start 0 and the position as an int32
+    [1] device array (the captured-step variant)."""
+    cuda_op = cuda_op or op
+    host = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    getattr(kp, op)(*host)
+    kw = {}
+    if pos:
+        i = POS_ARG[cuda_op]
+        kw["pos"] = cuda.to_device(np.array([args[i]], np.int32))
+        args = args[:i] + (0,) + args[i + 1:]
+    dev = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    kc.LAUNCHES.clear()
+    t0 = time.perf_counter()
+    getattr(kc, cuda_op)(*dev, **kw)
+    secs = time.perf_counter() - t0
+    bitwise, worst = True, 0
+    for i in outs:
+        got, want = dev[i].copy_to_host(), host[i]
+        if got.dtype == F32:
+            same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+            worst = max(worst, 0 if same else ulps(got, want))
+        else:
+            same = np.array_equal(got, want)
+        bitwise &= bool(same)
+    CASES.append(dict(op=op, cuda_op=cuda_op, case=cid + ("@pos" if pos else ""), rows=rows, pos=pos, bitwise=bitwise,
+                      max_ulp=worst, kernels=sorted(kc.LAUNCHES), seconds=round(secs, 2)))
+
+
+def primitives():
+    """The simulator's primitives round like the GPU's."""
+    ns = kc._NS
+    a = F32(1 + 2 ** -12)
+    out = {"fma fused": bool(ns["fma"](a, a, F32(-(1 + 2 ** -11))) == F32(2 ** -24)),
+           "fma is the twin's": all(ns["fma"](x, y, z) == kp.fma(x, y, z) for x, y, z in r(200, 3))}
+    x = np.abs(r(500)) * F32(1e3)
+    out["sqrt32 float32"] = bool(all(ns["sqrt32"](v) == np.sqrt(v) and type(ns["sqrt32"](v)) is F32 for v in x))
+    out["fmul float32"] = bool(all(type(ns["fmul"](v, v)) is F32 and ns["fmul"](v, v) == v * v for v in x))
+    return out
+
+
+def op_cases():
+    # scalar maps: the tails too (sigmoid / silu below -88.7, softplus both ways)
+    x = np.array([0.0, -0.0, 1.0, -1.0, 20.0, -20.0, 88.0, -90.0, -100.0, 1e-8, np.inf, -np.inf, np.nan, 3.5], F32)
+    for op in kc.OPS:
+        if op.startswith("map_"):
+            case(op, "tails", (x, np.zeros_like(x)), [1])
+    # linear through the dispatch table: 1 row and both sides of every threshold; K = 70 is three
+    # dot slices (32, 32, 6), N = 9 leaves the last GEMV block and the GEMM tile ragged; row R of
+    # the output is a sentinel that must stay untouched
+    rows = {1, 8, 9, 16, 17} | {n for most, _ in dispatch.TABLE["linear"] if most for n in (most, most + 1)}
+    for R in sorted(rows):
+        X, W = r(R + 1, 70), r(9, 70, scale=70 ** -0.5)
+        case("linear", f"R{R}-K70-N9", (X, W, np.full((R + 1, 9), 7.0, F32), R), [2], rows=R)
+    # every version on its own: two 1024-element chunks (K = 1100), the GEMM with ragged tiles
+    # both ways, the one-thread-per-output launch
+    for ver in ("gemv_v1", "gemv_v3"):
+        for R, K in ((1, 70), (4, 70), (2, 1100)):
+            X, W = r(R, K), r(9, K, scale=K ** -0.5)
+            case("linear", f"{ver}-R{R}-K{K}-N9", (X, W, np.zeros((R, 9), F32), R), [2], cuda_op=ver, rows=R)
+    case("linear", "gemm-R70-K40-N70", (r(70, 40), r(70, 40, scale=40 ** -0.5), np.zeros((70, 70), F32), 70), [2],
+         cuda_op="gemm", rows=70)
+    case("linear", "naive-R3-K33-N130", (r(4, 33), r(130, 33), np.full((4, 130), 7.0, F32), 3), [2],
+         cuda_op="linear_naive", rows=3)
+    # norms: column offsets, two-slice heads, a row long enough for rmsnorm's one-thread fallback
+    case("rmsnorm", "R3-N70-oo70", (r(3, 70), r(70, scale=0.1), F32(1e-6), np.zeros((3, 140), F32), 70, 3), [3])
+    case("rmsnorm", "R1-N32800", (r(1, 32800), r(32800, scale=0.1), 1e-6, np.zeros((1, 32800), F32), 0, 1), [3])
+    case("head_rmsnorm", "R3-H2-D40-xo9", (r(3, 90), 9, 2, 40, r(40, scale=0.1), F32(1e-6), np.zeros((3, 80), F32), 3),
+         [6])
+    case("gated_rmsnorm", "R3-H2-D40-zo5", (r(3, 80), r(3, 85), 5, 2, 40, 1 + r(40, scale=0.1), F32(1e-6),
+                                            np.zeros((3, 80), F32), 3), [7])
+    # elementwise
+    case("embed", "R3-V50-H8", (rng.integers(0, 50, 3).astype(np.int32), r(50, 8), np.zeros((3, 8), F32)), [2])
+    case("add", "R3-N9", (r(4, 9), r(4, 9), np.zeros((4, 9), F32), 3), [2])
+    case("swiglu_act", "R3-I7", (r(3, 14, scale=3.0), 7, np.zeros((3, 7), F32), 3), [2])
+    case("sigmoid_gate", "R3-N6-go6", (r(3, 6), r(3, 13, scale=3.0), 6, np.zeros((3, 6), F32), 3), [3])
+    for bad in (np.nan, -np.inf):
+        X = r(3, 5)
+        X[1, 3] = bad
+        case("nonfinite_flag", f"R3-{bad}", (X, 3, np.zeros(2, np.int32), 1), [2])
+    case("nonfinite_flag", "R1-inf-past-row-R", (X, 1, np.zeros(2, np.int32), 0), [2])
+    # the DeltaNet: conv with and without captures, prep and the recurrence over two dot slices
+    # (dk = 40) and two column groups (dv = 36), value heads sharing key heads
+    for capture in (True, False):
+        case("conv1d_silu", f"C20-K4-xo5-capture{int(capture)}",
+             (r(3, 25), 5, r(20, 4, scale=0.5), r(3, 20), np.zeros((3, 20), F32), 3, np.zeros((3, 3, 20), F32),
+              capture), [3, 4, 6])
+    hk, nv, dk, dv = 2, 4, 40, 36
+    case("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}",
+         (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv),
+          F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
+          np.zeros((3, nv), F32), 3), [9, 10, 11, 12])
+    for ver in ("gdn_recurrence", "gdn_recurrence_naive"):
+        for capture in (True, False):
+            args = (r(3, hk * dk, scale=0.15), r(3, hk * dk, scale=0.15), r(3, 3 + nv * dv), 3,
+                    -np.abs(r(3, nv, scale=0.5)), rng.uniform(0, 1, (3, nv)).astype(F32), r(nv, dk, dv, scale=0.1),
+                    np.zeros((3, nv * dv), F32), 3, dk, dv, nv // hk, np.zeros((3, nv, dk, dv), F32), capture)
+            case("gdn_recurrence", f"{ver}-dk{dk}-dv{dv}-vpk2-capture{int(capture)}", args, [6, 7, 12], cuda_op=ver)
+    # rope and the K/V write at position 70, also with the position on the device
+    ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))
+    cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    for pos in (False, True):
+        case("rope", "R2-H3-D8-p70", (r(2, 3 * 8), 3, 8, 2, cos, sin, 70, 2), [0], pos=pos)
+        case("kv_write", "R2-p70", (r(2, 20), 3, r(2, 30), 11, np.zeros((75, 8), F32), np.zeros((75, 8), F32), 70, 2),
+             [4, 5], pos=pos)
+    # attention through the dispatch table -- a context of one key; one row over three tiles, the
+    # last partial; rows starting mid-tile on both sides of the split-KV threshold -- and every
+    # version on its own, with the position as a scalar and on the device. Keys past the last
+    # row's position are NaN: reading one would show.
+    def attn(R, start, hq=4, hkv=2, D=8, spare=70):
+        ctx = start + R
+        kc_, vc_ = r(ctx + spare, hkv * D, scale=2.0), r(ctx + spare, hkv * D)
+        kc_[ctx:] = np.nan
+        vc_[ctx:] = np.nan
+        return (r(R, hq * D, scale=2.0), kc_, vc_, np.zeros((R, hq * D), F32), start, R, hq, hkv, D, F32(D ** -0.5))
+
+    split = dispatch.SPLIT_MAX_ROWS
+    for R, start in ((1, 0), (1, 130), (split, 61), (split + 1, 61)):
+        case("attention", f"R{R}-p{start}-Hq4-Hkv2-D8", attn(R, start), [3], rows=R)
+    case("attention", "R2-p60-Hq2-Hkv1-D40", attn(2, 60, 2, 1, 40), [3], rows=2)
+    for ver in ("attention_split", "attention_tiled"):
+        for pos in (False, True):
+            case("attention", f"{ver}-R3-p126", attn(3, 126), [3], cuda_op=ver, rows=3, pos=pos)
+    # MoE: a tie in the router (lowest index first), with and without renormalisation and the
+    # shared expert
+    L = r(3, 8)
+    L[0, 2] = L[0, 6] = L[0].max() + 1
+    for renorm in (True, False):
+        case("moe_route", f"tie-renorm{int(renorm)}", (L, 2, renorm, np.zeros((3, 8), F32), np.zeros((3, 2), np.int32),
+                                                       np.zeros((3, 2), F32), 3), [3, 4, 5])
+    idx = np.array([[1, 5], [7, 0], [3, 2]], np.int32)
+    case("moe_up", "R3-k2-I6-H40", (r(3, 40), r(8 * 6, 40), r(8 * 6, 40), idx, 6, np.zeros((6, 6), F32), 3), [5])
+    case("moe_down", "R3-k2-I40-H8", (r(6, 40), r(8 * 8, 40), idx, 8, np.zeros((6, 8), F32), 3), [4])
+    for shared in (True, False):
+        case("moe_combine", f"shared{int(shared)}", (r(6, 8), rng.uniform(0, 1, (3, 2)).astype(F32), r(3, 8), r(3, 1),
+                                                     shared, np.zeros((3, 8), F32), 3), [5])
+
+
+# ------------------------------------------------------------------------------------------------
+# a small model on the engine
+# ------------------------------------------------------------------------------------------------
+SIM_MODEL = dict(
+    vocab_size=20, hidden_size=36, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    rms_norm_eps=1e-6, intermediate_size=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=4,
+    shared_expert_intermediate_size=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+    tie_word_embeddings=False, num_nextn_predict_layers=1,
+)
+
+
+def model_steps():
+    """The CPU engine and the CUDA engine (simulated) run the same steps; after each, the logits
+    and the cache digests are compared. Hidden size 36: every linear layer's dot has two slices,
+    the second ragged. The CUDA session starts from the CPU-primed cache of 50
+    rows (a restore across backends), then primes 17 rows on CUDA (rows 50..66 cross the 64-key
+    tile), verifies 5 and 4 rows with rollback, decodes 3 rows (eager, captured, replayed), runs
+    the v1 GEMV uncaptured for a decode and a 3-row verify, and two captured MTP rows."""
+    from harness.engine.config import ModelConfig
+    from harness.engine.model import Engine
+    from harness.synth import random_tensors
+    from harness.engine.weights import Checkpoint
+
+    cfg = ModelConfig.from_dict(SIM_MODEL, "simulator model")
+    ck = Checkpoint(cfg, random_tensors(cfg, seed=3))
+    ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
+    assert eg.B.name == "cuda" and eg.graphs
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 100)
+    sc, sg = ec.new_session(96), eg.new_session(96)
+    ec.prime_chunk(sc, ids[:50])
+    sg.cache.restore(sc.cache.snapshot())
+    steps = [dict(step="restore p50", rows=None, kernels=[], logits_bitwise=None,  # no logits: digests only
+                  digest_equal=sc.cache.digest() == sg.cache.digest())]
+
+    def step(name, rows, f):
+        kc.LAUNCHES.clear()
+        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
+        steps.append(dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
+                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+
+    def rollback(keep):
+        ec.rollback(sc, keep)
+        eg.rollback(sg, keep)
+        steps.append(dict(step=f"rollback to {keep}", rows=None, kernels=[], logits_bitwise=None,
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+
+    step("prime p50 R17", 17, lambda e, s: e.prime_chunk(s, ids[50:67]))
+    step("verify p67 R5", 5, lambda e, s: e.target_step(s, ids[67:72], capture=True))
+    rollback(3)
+    step("verify p70 R4", 4, lambda e, s: e.target_step(s, ids[70:74], capture=True))
+    rollback(2)
+    for i in range(3):
+        step(f"decode p{72 + i} ({['eager', 'captured', 'replayed'][i]})", 1,
+             lambda e, s: e.decode_step(s, int(ids[72 + i])))
+    eg.graphs, dispatch.GEMV_VERSION = False, "v1"
+    step("decode p75 GEMV v1", 1, lambda e, s: e.decode_step(s, int(ids[75])))
+    step("verify p76 R3 GEMV v1", 3, lambda e, s: e.target_step(s, ids[76:79]))
+    eg.graphs, dispatch.GEMV_VERSION = True, "v3"
+    for i in range(2):
+        h = r(1, cfg.hidden_size)
+        step(f"MTP row p{i}", 1, lambda e, s: e.mtp_rows(s, [int(ids[80 + i])], h if e is ec else e.B.upload(h), i,
+                                                          logits_rows=1))
+    return steps
+
+
+def front_doors():
+    """{op: [cpu signature, cuda signature]} as the front doors export them."""
+    def sig(f):
+        return str(inspect.signature(getattr(f, "py_func", f)))
+    names = sorted(set(kp.OPS) | set(kc.OPS))
+    return {n: [sig(kp.OPS[n]) if n in kp.OPS else None, sig(kc.OPS[n]) if n in kc.OPS else None] for n in names}
+
+
+t0 = time.perf_counter()
+prims = primitives()
+op_cases()
+t1 = time.perf_counter()
+model = model_steps()
+t2 = time.perf_counter()
+print("RESULT " + json.dumps(dict(primitives=prims, ops=CASES, model=model, front_doors=front_doors(),
+                                  versions=kc.VERSIONS, ops_s=round(t1 - t0, 1), model_s=round(t2 - t1, 1))))
