@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU evidence, run on the device machine from the repository root:
-#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|fairness|all]
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
@@ -12,11 +12,16 @@
 #        chunk of the default matrix still carries compilation (it must not: warm-up).
 # fairness: harness fairness on bench-8l (a 32,768-token prime beside 8 peers, drain vs yield;
 #        tools/make_bench8l.py writes the model to out/bench-8l first): receipt and figures.
+# workers (not part of all; issue #18): parallel matrix runs. The default matrix with two workers on
+#        the GPU(s) (round-robin: on one GPU both share it), diffed with the golden CPU digests and
+#        with the single-process cuda receipt; then the long-prompt matrix tools/specs/long.toml
+#        with one worker and with two (one per GPU when there are two, else sharing one), diffed
+#        with each other, and the speed-up (walls in walls.txt, receipts' wall_s).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|all]}
-what=${2:-all}  # check | bench | own | fairness | all
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]}
+what=${2:-all}  # check | bench | own | fairness | all | workers
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -105,5 +110,33 @@ if [ "$what" = fairness ] || [ "$what" = all ]; then
   python -m harness.cli fairness --spec harness/specs/fairness/bench-8l.toml --backend cuda \
     --out "$res/h200-bench-8l.json" > "$res/fairness.log" 2>&1 || echo "fairness exit $?"
   tail -8 "$res/fairness.log"
+fi
+if [ "$what" = workers ]; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  h="python -m harness.cli"
+  t0=$(ms)
+  $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots || echo "run-matrix exit $?"
+  t1=$(ms)
+  $h run-matrix --backend cuda --workers 2 --out "$res/h200-default-w2.json" --quiet --no-plots 2> "$res/default-w2.err" || echo "run-matrix --workers 2 exit $?"
+  t2=$(ms)
+  echo "default matrix, cuda, single process: $((t1 - t0)) ms; --workers 2 on $ngpu GPU(s): $((t2 - t1)) ms (processes, compilation included)" | tee -a "$res/walls.txt"
+  $h diff --digests-only receipts/golden/default.json "$res/h200-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  $h diff "$res/h200-default.json" "$res/h200-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  two="--workers 2"
+  [ "$ngpu" -ge 2 ] && two="--gpus 0,1"
+  t0=$(ms)
+  $h run-matrix --spec tools/specs/long.toml --workers 1 --out "$res/h200-long-w1.json" --quiet --no-plots || echo "long w1 exit $?"
+  t1=$(ms)
+  $h run-matrix --spec tools/specs/long.toml $two --out "$res/h200-long-w2.json" --quiet --no-plots 2> "$res/long-w2.err" || echo "long w2 exit $?"
+  t2=$(ms)
+  echo "long matrix, one worker: $((t1 - t0)) ms; $two on $ngpu GPU(s): $((t2 - t1)) ms (processes, compilation included)" | tee -a "$res/walls.txt"
+  $h diff "$res/h200-long-w1.json" "$res/h200-long-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  python - "$res/h200-long-w1.json" "$res/h200-long-w2.json" <<'PY' | tee -a "$res/walls.txt"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+busy = lambda r: sum(w["busy_s"] for w in r["executor"]["workers"])
+print(f"long matrix: one worker {a['wall_s']:.1f} s, two {b['wall_s']:.1f} s: speed-up {a['wall_s'] / b['wall_s']:.2f}x "
+      f"(worker busy time {busy(a):.1f} s vs {busy(b):.1f} s; cells {len(b['cells'])})")
+PY
 fi
 tar cf "$out/results.tar" -C "$out" results

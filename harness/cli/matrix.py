@@ -14,6 +14,7 @@ from ..matrix.cells import cell_listing
 from ..matrix.diff import MAX_ROWS, diff_receipts
 from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
+from . import workers as parallel
 from .common import stdout_gone, write_and_plot
 from .progress import Progress
 
@@ -103,7 +104,10 @@ def _gate(golden: str, receipt: dict) -> int:
 
 def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
-    spec = load_spec(args.spec, backend=args.backend, model=args.model)
+    spec = load_spec(args.spec, backend=parallel.backend_for(args), model=args.model)
+    # the parallel flags are checked (not started) first: a combination that cannot run is refused
+    # in one line, also with --list
+    executor = parallel.executor_from_args(args, spec) if parallel.parallel_requested(args) else None
     if args.list:
         print(cell_listing(spec))
         return 0
@@ -115,7 +119,14 @@ def cmd_run_matrix(args) -> int:
             raise PrimewalkError(f"--golden: {e} (record one with --update-golden --golden "
                                  f"{args.golden})") from None
     out = golden or args.out or default_out(spec, shard)
-    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=not args.no_warmup)
+    warmup = not args.no_warmup
+    if executor is None:
+        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup)
+    else:
+        from ..matrix.pool import run_parallel
+
+        receipt = run_parallel(spec, shard, executor[0], executor[1], progress=Progress(args.quiet),
+                               warmup=warmup)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
     if golden and failed:
         out = default_out(spec, shard)
@@ -150,6 +161,9 @@ def _register_run_matrix(subparsers) -> None:
                "  harness run-matrix --shard 0/2 --out out/s0.json && harness run-matrix --shard 1/2 "
                "--out out/s1.json\n"
                "  harness merge out/default.json out/s0.json out/s1.json\n"
+               "  harness run-matrix --workers 2                       # two worker processes, one receipt\n"
+               "  harness run-matrix --gpus all --out out/gpus.json    # one worker per GPU (cuda)\n"
+               "  harness run-matrix --executor ray --address auto     # Ray actors, one GPU/CPU share each\n"
                "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
@@ -185,6 +199,7 @@ def _register_run_matrix(subparsers) -> None:
                    help="skip the warm-up that compiles every kernel before the first timed cell")
     p.add_argument("--quiet", action="store_true", help="no progress display, no per-cell lines")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
+    parallel.add_args(p)
     p.set_defaults(func=cmd_run_matrix)
 
 

@@ -91,6 +91,12 @@ class Progress(SilentProgress):
         except BrokenPipeError:  # run-matrix ... | head: the run goes on, the receipt is written
             stdout_gone()
 
+    def warning(self, text: str) -> None:
+        """A worker died (see harness.matrix.pool): said on stderr even with ``quiet``."""
+        if not self.quiet:
+            self._clear()  # the status line, if any, comes back with the next cell
+        print(f"warning: {text}", file=self.err, flush=True)
+
     def close(self) -> None:
         if not self.quiet:
             self._clear()

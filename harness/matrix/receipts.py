@@ -20,6 +20,7 @@ diffs and plots, see :data:`READABLE_SCHEMAS` and :data:`FIELD_SINCE`)::
      "shard": {"index": 0, "count": 1},  "wall_s": float, "warmup_s"²: float,
      "notes": [str, ...],
      "skipped"²: [{"model", "prompt", "prompt_len", "variant", "entry", "schedule", "reason"}, ...],
+     "executor"?: {"kind": "workers"|"ray", "workers": [...], "tasks", "incidents": [...]},
      "cells": [{"id", "order"?, "model", "prompt", "prompt_len", "schedule"², "resolved_points"²,
                 "variant", "variant_args",
                 "chunk_rows", "k", "sampling", "temperature", "seed", "mode", "oracle",
@@ -89,6 +90,7 @@ FIELD_ROLES = (
     ("receipt", "created", INFORMATIONAL),
     ("receipt", "wall_s", INFORMATIONAL),
     ("receipt", "model.path", INFORMATIONAL),
+    ("receipt", "executor.*", INFORMATIONAL),  # how a parallel run was spread (harness.matrix.pool)
     ("receipt", "model.tokenizer", INFORMATIONAL),  # compared through digests.prompt (the ids)
     ("receipt", "warmup_s", INFORMATIONAL),
     ("receipt", "skipped", INFORMATIONAL),  # fixed by the spec and the prompts' lengths
@@ -502,7 +504,8 @@ def merge_receipts(receipts) -> dict:
     of another schema, spec, model, kind or backend, shards of different counts, a shard given
     twice or missing, and duplicate cell ids. Cells come out in spec order (``cell["order"]``,
     then id). ``env`` is the first shard's; ``created`` the latest; ``wall_s`` the longest shard
-    (shards run side by side); ``merged_from`` records each shard's index, created and wall_s.
+    (shards run side by side); ``merged_from`` records each shard's index, created and wall_s
+    (and its ``executor`` block, when it was a parallel run).
     """
     items = [read_receipt(r) if not isinstance(r, dict) else r for r in receipts]
     if not items:
@@ -540,13 +543,13 @@ def merge_receipts(receipts) -> dict:
             owner[cell["id"]] = r["shard"]["index"]
             cells.append(cell)
     by_index = sorted(items, key=lambda r: r["shard"]["index"])
-    merged = {k: v for k, v in first.items() if k not in ("cells", "shard", "created", "wall_s")}
+    merged = {k: v for k, v in first.items() if k not in ("cells", "shard", "created", "wall_s", "executor")}
     merged.update(
         shard={"index": 0, "count": 1},
         created=max(str(r["created"]) for r in items),
         wall_s=max((r.get("wall_s") or 0.0) for r in items),
-        merged_from=[{"index": r["shard"]["index"], "created": r["created"], "wall_s": r.get("wall_s")}
-                     for r in by_index],
+        merged_from=[dict({"index": r["shard"]["index"], "created": r["created"], "wall_s": r.get("wall_s")},
+                          **({"executor": r["executor"]} if "executor" in r else {})) for r in by_index],
         cells=sorted(cells, key=cell_order_key),
     )
     return merged

@@ -209,9 +209,9 @@ def model_block(models: dict) -> dict:
 class SilentProgress:
     """What :func:`run_matrix` tells about its progress, and the silent default: ``notes`` (the
     cells left out, before anything loads), ``begin`` (the number of cells to run, once the
-    models are loaded), ``start`` (cell i of total begins), ``done`` (its receipt entry), and
-    ``close`` (always, also on an error). ``harness.cli.progress.Progress`` is the console
-    display."""
+    models are loaded), ``start`` (cell i of total begins), ``done`` (its receipt entry),
+    ``warning`` (a worker of a parallel run died; its cells run again elsewhere), and ``close``
+    (always, also on an error). ``harness.cli.progress.Progress`` is the console display."""
 
     def notes(self, notes: list) -> None:
         pass
@@ -225,8 +225,28 @@ class SilentProgress:
     def done(self, entry: dict) -> None:
         pass
 
+    def warning(self, text: str) -> None:
+        pass
+
     def close(self) -> None:
         pass
+
+
+def in_shard(cells: list, shard: tuple) -> list:
+    """The cells of shard (I, N): those whose spec order i has i % N == I."""
+    index, count = shard
+    return [c for c in cells if c.order % count == index]
+
+
+def indep_key(cell: Cell) -> tuple:
+    """The key of the independent unyielded prime a cell is judged by: its group and its points."""
+    return cell.group + (cell.points,)
+
+
+def warm_models(spec: MatrixSpec, models: dict) -> float:
+    """Run every engine's code paths once (:func:`~harness.walk.warmup.warm_up`) so no cell's
+    timings include Numba compiling a kernel; returns the seconds it took (``warmup_s``)."""
+    return sum(warm_up(m.engine, max(spec.k)) for m in models.values())
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
@@ -235,8 +255,9 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
     :class:`SilentProgress`, the default); ``warmup``: run every engine's code paths once before
-    the first cell (:func:`~harness.walk.warmup.warm_up`), so no cell's timings include Numba
-    compiling a kernel (``warmup_s`` records how long it took)."""
+    the first cell (:func:`warm_models`), so no cell's timings include Numba compiling a kernel
+    (``warmup_s`` records how long it took). :mod:`.pool` runs the same cells in worker
+    processes or on Ray, with the same receipt."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     load_start = machine_load()
@@ -244,12 +265,8 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     notes = [note_of(x) for x in skipped]
     progress.notes(notes)
     models = models if models is not None else load_models(spec)
-    warm_s = 0.0
-    if warmup:
-        for m in models.values():
-            warm_s += warm_up(m.engine, max(spec.k))
-    index, count = shard
-    mine = [c for c in cells if c.order % count == index]
+    warm_s = warm_models(spec, models) if warmup else 0.0
+    mine = in_shard(cells, shard)
     by_id = {c.id: c for c in cells}
     oracles: dict = {}  # oracle cell id -> Raw
     indep: dict = {}  # (cell group, points) -> (logits, capture digest)
@@ -267,38 +284,69 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
                 raw = oracles[cell.oracle]
             else:
                 raw = run_cell(m.engine, cell, ids, spec.max_new_tokens)
-            key = cell.group + (cell.points,)
+            key = indep_key(cell)
             if key not in indep:
                 indep[key] = oracle_prime(m.engine, ids, cell.k, list(cell.points), cell.sampling)
             ilogits, icaps = indep[key]
-            entry = {
-                "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
-                "prompt_len": cell.prompt_len, "schedule": cell.schedule,
-                "resolved_points": [{"what": w, "given": g, "row": r, "rule": rule}
-                                    for w, g, r, rule in cell.resolved],
-                "variant": cell.variant,
-                "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
-                "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
-                "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
-                "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
-                "tape": raw.tape, "yields": raw.yields,
-                "digests": dict(raw.digests, prompt=prompt_digest(ids)),
-                "verdict": verdict(cell, raw, oracles[cell.oracle], np.asarray(ilogits), icaps),
-                "continuation": {"tokens": list(raw.tokens)},
-                "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
-            }
+            entry = cell_entry(spec, cell, raw, oracles[cell.oracle], ilogits, icaps, prompt_digest(ids))
             out.append(entry)
             progress.done(entry)
     finally:
         progress.close()
     first = next(iter(models.values()))
-    B = first.engine.B
+    return make_receipt(spec, model_block(models), engine_env(spec, first.engine, load_start), shard,
+                        time.perf_counter() - t0, warm_s, skipped, out)
+
+
+def cell_entry(spec: MatrixSpec, cell: Cell, raw: Raw, oracle: Raw, indep_logits, indep_captures: str,
+               prompt_sha: str) -> dict:
+    """The receipt entry of ``cell``: its schedule (as written and as its points resolved for
+    this model's prompt length), what its run produced and its verdict against ``oracle`` (the Raw
+    of ``cell.oracle``) and the independent prime of its group and points. ``prompt_sha``:
+    :func:`~harness.engine.digests.prompt_digest` of the ids the cell's model was fed (its own
+    tokenizer's, for a text prompt). The single-process runner and :mod:`.tasks` both build
+    entries here, so a parallel run's receipt equals the single-process one."""
+    return {
+        "id": cell.id, "order": cell.order, "model": cell.model, "prompt": cell.prompt.name,
+        "prompt_len": cell.prompt_len, "schedule": cell.schedule,
+        "resolved_points": [{"what": w, "given": g, "row": r, "rule": rule}
+                            for w, g, r, rule in cell.resolved],
+        "variant": cell.variant,
+        "variant_args": dict(cell.variant_args), "chunk_rows": cell.chunk_rows,
+        "fill_chunk": cell.fill_chunk, "boundary_points": list(cell.points), "k": cell.k,
+        "sampling": cell.sampling_label, "temperature": float(cell.sampling.temperature),
+        "seed": int(cell.sampling.seed), "mode": spec.mode, "oracle": cell.oracle,
+        "tape": raw.tape, "yields": raw.yields,
+        "digests": dict(raw.digests, prompt=prompt_sha),
+        "verdict": verdict(cell, raw, oracle, np.asarray(indep_logits), indep_captures),
+        "continuation": {"tokens": list(raw.tokens)},
+        "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
+    }
+
+
+def engine_env(spec: MatrixSpec, engine, load_start: dict | None = None) -> dict:
+    """The receipt's ``env`` block for a run on ``engine``'s backend: the versions and device, the
+    backend's thread count (and why), and -- given ``load_start``, :func:`machine_load` at the
+    run's start -- the usable cores and the load averages at the start and now (the end)."""
+    B = engine.B
     env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
                    driver=None if spec.backend == "cpu" else B.driver())
-    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None),
-               cores=load_start["cores"], load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
+    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None))
+    if load_start is not None:
+        env.update(cores=load_start["cores"],
+                   load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
+    return env
+
+
+def make_receipt(spec: MatrixSpec, model: dict, env: dict, shard: tuple, wall_s: float, warmup_s: float,
+                 skipped: list, entries: list) -> dict:
+    """The receipt of a run of ``spec`` (shard (I, N)) whose cell entries are ``entries``:
+    ``skipped`` are :func:`~.cells.expand_all`'s skipped schedules (the notes say them in words).
+    Both the single-process runner and :mod:`.pool` build their receipt here."""
+    index, count = shard
     data = dict(spec.data)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": utc_now(), "env": env,
-            "model": model_block(models), "spec": data, "spec_hash": spec_hash(data),
-            "shard": {"index": index, "count": count}, "wall_s": time.perf_counter() - t0,
-            "warmup_s": warm_s, "notes": list(notes), "skipped": skipped, "cells": out}
+            "model": model, "spec": data, "spec_hash": spec_hash(data),
+            "shard": {"index": index, "count": count}, "wall_s": wall_s,
+            "warmup_s": warmup_s, "notes": [note_of(x) for x in skipped], "skipped": list(skipped),
+            "cells": entries}
