@@ -98,39 +98,36 @@ def predict_s(n: int, done: list) -> float | None:
     return t * (n / m) ** 2
 
 
-def prime_curve(lengths, runners: dict, budgets: dict, errors: dict, peak=None, free=free_device_memory,
-                skip=()) -> list:
-    """The length curve: for every length, every runner ``name -> fn(n) -> seconds`` (names from
-    :data:`RUNNERS`) unless skipped, out of its budget (``budgets[name]``, a :class:`Budget`,
-    against :func:`predict_s`), or a shorter length already ran out of memory. ``peak(n)``: bytes
-    the primewalk run of ``n`` tokens used (called right after it). Returns the ``prime_curve``
-    entries."""
-    curve, done, oomed = [], {k: [] for k in RUNNERS}, set()
-    for n in lengths:
-        e = {"tokens": int(n)}
-        for name in RUNNERS:
-            fn = runners.get(name)
-            guess = predict_s(n, done[name])
-            b = budgets.get(name)
-            if fn is None or name in skip:
-                e[f"{name}_s"] = SKIPPED
-            elif name in oomed:
-                e[f"{name}_s"] = OOM
-            elif b is not None and (b.left() <= 0 or (guess is not None and guess > b.left())):
-                e[f"{name}_s"] = SKIPPED
-                errors[f"{name} prime {n}"] = (f"time box: predicted {guess:.1f} s, {b.left():.1f} s left"
-                                               if guess is not None else "time box: no time left")
-            else:
-                t = guarded(lambda: fn(n), errors, f"{name} prime {n}", free)
-                e[f"{name}_s"] = t
-                if t == OOM:
-                    oomed.add(name)
-                done[name].append((n, t))
-            if name == "primewalk":
-                ok = isinstance(e["primewalk_s"], float)
-                e["peak_bytes"] = int(peak(n)) if ok and peak is not None else None
-        curve.append(e)
-        print(f"[bench] prime {n}: " + ", ".join(f"{k} {_fmt(e[k + '_s'])}" for k in RUNNERS), flush=True)
+def new_curve(lengths) -> list:
+    """``prime_curve`` entries for ``lengths``, every time ``"skipped"`` until a run fills it."""
+    return [{"tokens": int(n), **{f"{k}_s": SKIPPED for k in RUNNERS}, "peak_bytes": None} for n in lengths]
+
+
+def run_curve(curve: list, name: str, fn, budget: Budget | None, errors: dict, peak=None,
+              free=free_device_memory) -> list:
+    """Fill ``curve``'s ``<name>_s`` (``name`` from :data:`RUNNERS`) with ``fn(n)`` seconds, in
+    order of length. A length is skipped when ``budget`` (a :class:`Budget`) has no time left or
+    :func:`predict_s` says it would not fit; once a length ran out of memory the longer ones are
+    recorded ``"oom"`` without running. ``peak(n)``: bytes the run of ``n`` tokens used, called
+    right after a successful run (into ``peak_bytes``)."""
+    done, oomed = [], False
+    for e in curve:
+        n, key = e["tokens"], f"{name}_s"
+        guess = predict_s(n, done)
+        if oomed:
+            e[key] = OOM
+        elif budget is not None and (budget.left() <= 0 or (guess is not None and guess > budget.left())):
+            e[key] = SKIPPED
+            errors[f"{name} prime {n}"] = (f"time box: predicted {guess:.1f} s, {budget.left():.1f} s left"
+                                           if guess is not None else "time box: no time left")
+        else:
+            t = guarded(lambda: fn(n), errors, f"{name} prime {n}", free)
+            e[key] = t
+            oomed = t == OOM
+            done.append((n, t))
+            if peak is not None and isinstance(t, float):
+                e["peak_bytes"] = int(peak(n))
+        print(f"[bench] prime {n} {name}: {_fmt(e[key])}", flush=True)
     return curve
 
 
@@ -266,6 +263,8 @@ def write_curve_plot(r: dict, json_path: str) -> str:
 # tables
 # ------------------------------------------------------------------------------------------------
 def _v(v, digits=3):
+    if v is None:
+        return "-"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
     if abs(v) >= 1e6:
