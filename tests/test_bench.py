@@ -254,3 +254,19 @@ def test_committed_bench_result_reads():
         assert set(rep.goals_block(r)) == set(r["goals"]) and r.get("code_fingerprint")
     text = table(r)
     assert "prime 4096" in text and "goal" in text and "decode floor" in text
+
+
+def test_hf_prime_runner_on_a_tiny_model_on_the_cpu(ck):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from harness.gpu.bench import Timer, hf_prime_runner
+
+    with open(os.path.join(default_model_path(), "config.json")) as f:
+        cfg = transformers.Qwen3NextConfig(**{k: v for k, v in json.load(f).items() if k != "model_type"})
+    m = transformers.Qwen3NextForCausalLM(cfg).eval()
+    run = hf_prime_runner(m, list(range(200)), Timer(lambda: None), first=64, device="cpu")
+    curve = rep.new_curve([64, 128])
+    errors = {}
+    rep.run_curve(curve, "hf_fp32", run, None, errors)
+    assert not errors and all(isinstance(e["hf_fp32_s"], float) and e["hf_fp32_s"] > 0 for e in curve)
+    del torch
