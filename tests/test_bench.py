@@ -270,3 +270,15 @@ def test_hf_prime_runner_on_a_tiny_model_on_the_cpu(ck):
     rep.run_curve(curve, "hf_fp32", run, None, errors)
     assert not errors and all(isinstance(e["hf_fp32_s"], float) and e["hf_fp32_s"] > 0 for e in curve)
     del torch
+
+
+def test_bench_table_tool_reads_a_schema_2_result(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bench_table
+
+    path = str(tmp_path / "b.json")
+    with open(path, "w") as f:
+        json.dump(make_bench_result(), f)
+    assert bench_table.main([path]) == 0
+    out = capsys.readouterr().out
+    assert "| 4,096 |" in out and "| prime_32768_s |" in out

@@ -5,7 +5,9 @@
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
-# bench: harness bench (bench-8l vs transformers and hardware anchors).
+# bench: harness bench (bench-8l vs transformers and hardware anchors: prime length curve to 131k,
+#        decode vs floor, speculative decoding; time-boxed to fit one device command of 10 min).
+#        BENCH_ARGS adds flags, e.g. BENCH_ARGS="--lengths 4096,32768 --skip stdlib".
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
@@ -61,6 +63,7 @@ PY
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
+  # shellcheck disable=SC2086
+  python -m harness.cli bench --out "$res/h200-bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$res/bench.log" | tail -60 || echo "bench exit $?"
 fi
 tar cf "$out/results.tar" -C "$out" results
