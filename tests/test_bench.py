@@ -282,3 +282,37 @@ def test_bench_table_tool_reads_a_schema_2_result(tmp_path, capsys):
     assert bench_table.main([path]) == 0
     out = capsys.readouterr().out
     assert "| 4,096 |" in out and "| prime_32768_s |" in out
+
+
+def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch):
+    """run_bench end to end off the GPU: bench-8l swapped for the tiny config, torch and the
+    engine on the CPU, the hardware anchors faked; the JSON has every block the README, the
+    notebook and ``harness evidence`` read."""
+    pytest.importorskip("transformers")
+    from harness.gpu import bench
+    from harness.gpu.evidence import receipt_facts
+
+    with open(os.path.join(default_model_path(), "config.json")) as f:
+        tiny = json.load(f)
+    rope = tiny.pop("rope_parameters")
+    tiny.pop("model_type")
+    tiny.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"])
+    monkeypatch.setattr(bench, "BENCH_8L", tiny)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BACKEND", "cpu")
+    monkeypatch.setattr(bench, "SPEC_KS", (3,))
+    monkeypatch.setattr(bench, "torch_anchors", lambda timer: ({"fake": {"s": 1.0, "tflops": 1.0}}, 1e11))
+    out = str(tmp_path / "bench.json")
+    r = bench.run_bench(out, commit="c0ffee", lengths=[48, 96], skip=["decode-32k", "walker", "stdlib", "hf-bf16"],
+                        budget_s=3000)
+    with open(out) as f:
+        back = json.load(f)
+    assert back["schema_version"] == 2 and back["commit"] == "c0ffee" and not back["errors"], back["errors"]
+    assert [e["tokens"] for e in back["prime_curve"]] == [48, 96]
+    assert all(isinstance(e[k], float) for e in back["prime_curve"] for k in ("primewalk_s", "hf_fp32_s"))
+    assert all(e["hf_bf16_s"] == "skipped" for e in back["prime_curve"])
+    assert set(back["primewalk"]["spec"]) == {"k3"} and back["primewalk"]["logits_rel_err_vs_hf_fp32"] < 1e-4
+    assert back["goals"]["prime_32768_s"]["met"] == "n/a" and back["goals"]["verify_step_over_decode"]["met"] in (True, False)
+    assert back["goals"]["bf16_decode_512_over_bf16_floor"]["value"] == "n/a"
+    assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
+    assert "goal prime_4096_vs_hf_fp32" in bench.table(back)

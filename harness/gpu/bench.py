@@ -58,6 +58,38 @@ BENCH_8L = dict(
 DEFAULT_BUDGET_S = 450.0  # the whole run, model build included; the device command allows 600
 SKIPPABLE = ("hf", "hf-bf16", "profile", "spec", "stdlib", "walker", "decode-32k", "bf16")
 SPEC_KS = (1, 2, 3, 4)
+# where the run happens: the torch device and the engine backend (tests run the whole bench on
+# the CPU with a tiny model by setting both to "cpu")
+DEVICE, BACKEND = "cuda", "cuda"
+
+
+class _HostContext:
+    """Stands in for numba's CUDA context off the GPU: no device memory to count."""
+
+    class deallocations:  # noqa: N801 - mirrors numba's attribute
+        @staticmethod
+        def clear():
+            pass
+
+    @staticmethod
+    def get_memory_info():
+        return (0, 0)
+
+
+def device_context():
+    """numba's CUDA context (free/total memory, pending frees), or a stand-in off the GPU."""
+    if BACKEND != "cuda":
+        return _HostContext()
+    from numba import cuda
+
+    return cuda.current_context()
+
+
+def _sync():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _median(xs):
@@ -112,13 +144,13 @@ def build_hf_model(folder, seed=0):
 # ------------------------------------------------------------------------------------------------
 # transformers
 # ------------------------------------------------------------------------------------------------
-def hf_prime_runner(m, ids, timer, first, device="cuda"):
+def hf_prime_runner(m, ids, timer, first, device=None):
     """``fn(n)``: seconds of one HF forward over ``n`` prompt tokens (logits of the last row
     only, as a prime needs)."""
     import torch
 
     def run(n):
-        x = torch.tensor([ids[:n]], device=device)
+        x = torch.tensor([ids[:n]], device=device or DEVICE)
         reps, warmup = curve_reps(n, first)
 
         def go():
@@ -136,7 +168,7 @@ def hf_prime_runner(m, ids, timer, first, device="cuda"):
 def hf_decode_ms(m, ids512, timer):
     import torch
 
-    x512 = torch.tensor([ids512], device="cuda")
+    x512 = torch.tensor([ids512], device=DEVICE)
     with torch.no_grad():
         def gen(n):
             return lambda: m.generate(x512, max_new_tokens=n, min_new_tokens=n, do_sample=False)
@@ -149,7 +181,7 @@ def hf_decode_ms(m, ids512, timer):
 def torch_anchors(timer):
     import torch
 
-    dev = torch.device("cuda")
+    dev = torch.device(DEVICE)
     shapes = {"mlp_up 4096x2048x11264": (4096, 2048, 11264), "mlp_down 4096x5632x2048": (4096, 5632, 2048),
               "qkvz 4096x2048x12288": (4096, 2048, 12288), "gemm 4096x2048x5632": (4096, 2048, 5632)}
     res = {}
@@ -325,7 +357,7 @@ def bf16_engine(ck):
     params = inspect.signature(Engine.__init__).parameters
     for name, value in (("weights_dtype", "bf16"), ("weight_dtype", "bf16"), ("dtype", "bf16"), ("bf16", True)):
         if name in params:
-            return Engine(ck, "cuda", check_finite=True, **{name: value}), None
+            return Engine(ck, BACKEND, check_finite=True, **{name: value}), None
     return None, "Engine takes no bf16 weights argument"
 
 
@@ -339,7 +371,7 @@ def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):
     folder = model_path("stdlib-small")
     with open(os.path.join(folder, "prompts", "heldout0.py"), encoding="utf-8", errors="replace") as f:
         prompt = encode(f.read())[:prompt_tokens]
-    eng = Engine(load_checkpoint(folder), "cuda", check_finite=True)
+    eng = Engine(load_checkpoint(folder), BACKEND, check_finite=True)
     s = eng.new_session(len(prompt) + 64)
     eng.prime(s, prompt)
     out = {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "decode_ms_per_token": decode_ms(eng, s)}
@@ -349,15 +381,13 @@ def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):
 
 def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
     """Every primewalk measure on bench-8l (see the module docstring). Returns (engine, dict)."""
-    from numba import cuda
-
     from ..engine.memory import plan
     from ..engine.model import Engine
     from ..walk.mtp_walker import run_prime
 
-    ctx = cuda.current_context()
+    ctx = device_context()
     lengths = [e["tokens"] for e in curve]
-    eng = Engine(ck, "cuda", check_finite=True)
+    eng = Engine(ck, BACKEND, check_finite=True)
     res = {"weights_on_device_bytes": int(free0 - ctx.get_memory_info()[0]), "chunk_rows": eng.chunk_rows,
            "captured_steps": bool(eng.graphs)}
     res["memory_plan"] = {str(n): {"above_weights_bytes": p.above_weights, "cache_bytes": p.cache,
@@ -417,16 +447,21 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
             res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k), errors, f"spec k{k}")
         res["spec"] = {k: v for k, v in res["spec"].items() if isinstance(v, dict)}
     if "walker" not in skip and fits(30):
-        walls = {}
-        for mode in ("drained", "yielded"):
-            def go():
-                s = eng.new_session(4096 + 64)
-                run_prime(eng, s, ids[:4096], 1, chunk_rows=512, fill_chunk=512,
-                          yield_hook=(lambda: None) if mode == "yielded" else None)
-            walls[mode] = timer(go, reps=2)
-        res["walker_prime_4096_drained_s"] = walls["drained"]
-        res["walker_prime_4096_yielded_s"] = walls["yielded"]
-        res["yield_overhead_pct"] = 100.0 * (walls["yielded"] - walls["drained"]) / walls["drained"]
+        def walker():
+            walls = {}
+            for mode in ("drained", "yielded"):
+                def go():
+                    s = eng.new_session(4096 + 64)
+                    run_prime(eng, s, ids[:4096], 1, chunk_rows=512, fill_chunk=512,
+                              yield_hook=(lambda: None) if mode == "yielded" else None)
+                walls[mode] = timer(go, reps=2)
+            return walls
+
+        walls = guarded(walker, errors, "walker yielded vs drained")
+        if isinstance(walls, dict):
+            res["walker_prime_4096_drained_s"] = walls["drained"]
+            res["walker_prime_4096_yielded_s"] = walls["yielded"]
+            res["yield_overhead_pct"] = 100.0 * (walls["yielded"] - walls["drained"]) / walls["drained"]
     res["profile"] = {}
     if "profile" not in skip:
         res["profile"]["decode_512"] = guarded(lambda: profile_step(eng, "decode_512", ids512), errors,
@@ -467,8 +502,6 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         import torch
     except ImportError:
         raise PrimewalkError("harness bench needs torch and transformers (pip install '.[oracle]')") from None
-    from numba import cuda
-
     from ..engine import backend as bk
     from ..engine.weights import load_checkpoint
     from ..matrix.builtin import REPO
@@ -480,10 +513,10 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         raise PrimewalkError(f"bench --skip: unknown {sorted(bad)} (choose from {', '.join(SKIPPABLE)})")
     lengths = sorted({int(n) for n in (lengths or (rep.CURVE_LENGTHS[:2] if quick else rep.CURVE_LENGTHS))})
     skip, budget, t_all = set(skip), Budget(budget_s), time.perf_counter()
-    gpu = bk.get_backend("cuda")
+    gpu = bk.get_backend(BACKEND)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    timer = Timer(torch.cuda.synchronize)
+    timer = Timer(_sync)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, BENCH_8L["vocab_size"], max(lengths + [4096])).tolist()
     ids512 = ids[:512]
@@ -500,7 +533,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.15)):
         if "hf" in skip or (name == "bf16" and "hf-bf16" in skip):
             continue
-        m = guarded(lambda: model.to(device="cuda", dtype=dtype).eval(), errors, f"hf {name} load")
+        m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
         if isinstance(m, str):
             continue
         rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors)
@@ -510,12 +543,12 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
             hf[name].update(prime_4096_s=t, prime_4096_tokens_per_s=4096 / t)
         if name == "fp32":
             with torch.no_grad():
-                ref_logits = guarded(lambda: m(torch.tensor([ids[:64]], device="cuda")).logits[0].float().cpu().numpy(),
+                ref_logits = guarded(lambda: m(torch.tensor([ids[:64]], device=DEVICE)).logits[0].float().cpu().numpy(),
                                      errors, "hf fp32 reference logits")
         del m
     del model
     rep.free_device_memory()
-    free0 = cuda.current_context().get_memory_info()[0]
+    free0 = device_context().get_memory_info()[0]
     eng, mine = ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0)
     if isinstance(ref_logits, np.ndarray):
         mine["logits_rel_err_vs_hf_fp32"] = logits_check(eng, ref_logits, ids[:64])

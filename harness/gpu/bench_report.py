@@ -186,7 +186,8 @@ def goals_block(r: dict) -> dict:
     g["prime_131072_peak_over_weights_bytes"] = _goal(over, f"<= {PEAK_ALLOWANCE_BYTES // GB} GB",
                                                       lambda v: v <= PEAK_ALLOWANCE_BYTES)
     g["attention_tflops_32768"] = _goal(_num(m.get("attention_tflops_32768")), ">= 15 TFLOP/s", lambda v: v >= 15)
-    g["gemm_tflops"] = _goal(_num((m.get("gemm") or {}).get("tflops")), ">= 25 TFLOP/s on the bench shapes",
+    gemm = m.get("gemm") if isinstance(m.get("gemm"), dict) else {}
+    g["gemm_tflops"] = _goal(_num(gemm.get("tflops")), ">= 25 TFLOP/s on the bench shapes",
                              lambda v: v >= 25)
     floor = _num(r.get("decode_floor_ms"))
 
@@ -196,7 +197,8 @@ def goals_block(r: dict) -> dict:
 
     g["decode_512_over_floor"] = _goal(over_floor("decode_512_ms_per_token"), "<= 1.5 x floor", lambda v: v <= 1.5)
     g["decode_32k_over_floor"] = _goal(over_floor("decode_32k_ms_per_token"), "<= 2 x floor", lambda v: v <= 2.0)
-    spec, dec = m.get("spec") or {}, _num(m.get("decode_512_ms_per_token"))
+    spec = {k: v for k, v in (m.get("spec") or {}).items() if isinstance(v, dict)}
+    dec = _num(m.get("decode_512_ms_per_token"))
     verify = [_num(v.get("verify_step_ms")) for k, v in sorted(spec.items()) if int(k[1:]) + 1 <= 5]
     verify = [v for v in verify if v is not None]
     g["verify_step_over_decode"] = _goal(max(verify) / dec if verify and dec else None,
@@ -204,7 +206,8 @@ def goals_block(r: dict) -> dict:
     d3 = _num((spec.get("k3") or {}).get("draft_step_ms"))
     g["draft_step_k3_over_decode"] = _goal(d3 / dec if d3 is not None and dec else None,
                                            "<= 0.5 x one decode step", lambda v: v <= 0.5)
-    bf_ms, bf_floor = _num((m.get("bf16") or {}).get("decode_512_ms_per_token")), _num(r.get("decode_floor_bf16_ms"))
+    bf = m.get("bf16") if isinstance(m.get("bf16"), dict) else {}
+    bf_ms, bf_floor = _num(bf.get("decode_512_ms_per_token")), _num(r.get("decode_floor_bf16_ms"))
     g["bf16_decode_512_over_bf16_floor"] = _goal(bf_ms / bf_floor if bf_ms is not None and bf_floor else None,
                                                  "<= 1.5 x bf16 floor (n/a: no bf16-resident engine)",
                                                  lambda v: v <= 1.5)
