@@ -316,3 +316,19 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
     assert back["goals"]["bf16_decode_512_over_bf16_floor"]["value"] == "n/a"
     assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
     assert "goal prime_4096_vs_hf_fp32" in bench.table(back)
+
+
+def test_stdlib_spec_on_the_cpu(monkeypatch):
+    from harness.gpu import bench
+
+    monkeypatch.setattr(bench, "BACKEND", "cpu")
+    r = bench.stdlib_spec((2,), new_tokens=8, prompt_tokens=64)
+    assert r["prompt_tokens"] == 64 and r["spec"]["k2"]["same_tokens"] and r["decode_ms_per_token"] > 0
+
+
+def test_goals_of_failed_measures_are_n_a():
+    r = make_bench_result()
+    r["primewalk"].update(gemm="error", decode_512_ms_per_token="oom", spec={"k1": "error"})
+    g = rep.goals_block(r)
+    for key in ("gemm_tflops", "decode_512_over_floor", "verify_step_over_decode", "draft_step_k3_over_decode"):
+        assert g[key]["met"] == "n/a", key
