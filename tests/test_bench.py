@@ -332,3 +332,17 @@ def test_goals_of_failed_measures_are_n_a():
     g = rep.goals_block(r)
     for key in ("gemm_tflops", "decode_512_over_floor", "verify_step_over_decode", "draft_step_k3_over_decode"):
         assert g[key]["met"] == "n/a", key
+
+
+def test_curve_time_box_counts_every_run_of_a_point():
+    clock, errors = FakeClock(), {}
+    budget = rep.Budget(40.0, clock)
+
+    def run(n):  # two runs per point
+        t = (n / 4096) ** 2
+        clock.t += 2 * t
+        return t
+
+    curve = rep.new_curve([4096, 16384])
+    rep.run_curve(curve, "primewalk", run, budget, errors, runs=lambda n: 3)  # 3 x 16 = 48 s > 38 s left
+    assert [e["primewalk_s"] for e in curve] == [1.0, "skipped"]

@@ -416,7 +416,8 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
         return s
 
     peaks = {}
-    rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.6), errors, peak=lambda n: peaks[n])
+    rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.6), errors, peak=lambda n: peaks[n],
+                  runs=lambda n: sum(curve_reps(n, lengths[0])))
     e4096 = rep.curve_entry(curve, 4096)
     if isinstance(e4096.get("primewalk_s"), float):  # schema 1 fields, read by the README and notebooks
         res["prime_4096_s"] = e4096["primewalk_s"]
@@ -536,7 +537,8 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
         if isinstance(m, str):
             continue
-        rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors)
+        rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors,
+                      runs=lambda n: sum(curve_reps(n, lengths[0])))
         hf[name]["decode_ms_per_token"] = guarded(lambda: hf_decode_ms(m, ids512, timer), errors, f"hf {name} decode")
         t = rep.curve_entry(curve, 4096).get(f"hf_{name}_s")
         if isinstance(t, float):

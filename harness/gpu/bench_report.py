@@ -89,8 +89,8 @@ def guarded(fn, errors: dict, name: str, free=free_device_memory):
 
 
 def predict_s(n: int, done: list) -> float | None:
-    """A conservative guess of a prime of ``n`` tokens from the last measured (tokens, seconds):
-    quadratic in the length (attention), None when nothing was measured."""
+    """A conservative guess of one prime of ``n`` tokens from the last measured (tokens,
+    seconds): quadratic in the length (attention), None when nothing was measured."""
     pts = [(m, t) for m, t in done if isinstance(t, float) and t > 0]
     if not pts:
         return None
@@ -104,16 +104,18 @@ def new_curve(lengths) -> list:
 
 
 def run_curve(curve: list, name: str, fn, budget: Budget | None, errors: dict, peak=None,
-              free=free_device_memory) -> list:
+              free=free_device_memory, runs=lambda n: 1) -> list:
     """Fill ``curve``'s ``<name>_s`` (``name`` from :data:`RUNNERS`) with ``fn(n)`` seconds, in
     order of length. A length is skipped when ``budget`` (a :class:`Budget`) has no time left or
-    :func:`predict_s` says it would not fit; once a length ran out of memory the longer ones are
+    :func:`predict_s` times ``runs(n)`` (the timed runs and warm-ups ``fn(n)`` makes) says it
+    would not fit; once a length ran out of memory the longer ones are
     recorded ``"oom"`` without running. ``peak(n)``: bytes the run of ``n`` tokens used, called
     right after a successful run (into ``peak_bytes``)."""
     done, oomed = [], False
     for e in curve:
         n, key = e["tokens"], f"{name}_s"
         guess = predict_s(n, done)
+        guess = None if guess is None else guess * runs(n)
         if oomed:
             e[key] = OOM
         elif budget is not None and (budget.left() <= 0 or (guess is not None and guess > budget.left())):
