@@ -45,7 +45,7 @@ import numpy as np
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
 from . import bench_report as rep
-from .bench_report import NA, OOM, SKIPPED, Budget, causal_attention_flops, gemm_flops, guarded
+from .bench_report import NA, SKIPPED, Budget, causal_attention_flops, gemm_flops, guarded
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -551,21 +551,24 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     del model
     rep.free_device_memory()
     free0 = device_context().get_memory_info()[0]
-    eng, mine = ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0)
-    if isinstance(ref_logits, np.ndarray):
-        mine["logits_rel_err_vs_hf_fp32"] = logits_check(eng, ref_logits, ids[:64])
+    got = guarded(lambda: ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0), errors, "primewalk")
+    eng, mine = got if isinstance(got, tuple) else (None, {})  # a failed engine still leaves the JSON
+    if eng is not None and isinstance(ref_logits, np.ndarray):
+        mine["logits_rel_err_vs_hf_fp32"] = guarded(lambda: logits_check(eng, ref_logits, ids[:64]), errors,
+                                                    "logits check")
     floor_ms = weight_bytes / bw * 1e3
     mine["bf16"] = {NA: "skipped"}
     if "bf16" not in skip:
-        got = guarded(lambda: bf16_engine(ck), errors, "bf16 engine")
-        if isinstance(got, tuple) and got[0] is not None:
-            e16 = got[0]
+        def bf16_decode():
+            e16, why = bf16_engine(ck)
+            if e16 is None:
+                return {NA: why}
             s = e16.new_session(512 + 128)
             e16.prime(s, ids512)
-            mine["bf16"] = {"decode_512_ms_per_token": guarded(lambda: decode_ms(e16, s), errors, "bf16 decode")}
-            del e16, s
-        else:
-            mine["bf16"] = {NA: got[1] if isinstance(got, tuple) else str(got)}
+            return {"decode_512_ms_per_token": decode_ms(e16, s)}
+
+        got16 = guarded(bf16_decode, errors, "bf16 decode")
+        mine["bf16"] = got16 if isinstance(got16, dict) else {NA: got16}
     stdlib = SKIPPED
     if "stdlib" not in skip and budget.left() > 20:
         stdlib = guarded(lambda: stdlib_spec(SPEC_KS), errors, "stdlib-small spec")
@@ -579,7 +582,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         "decode_speedup_vs_hf_fp32": over(hf["fp32"].get("decode_ms_per_token"), mine.get("decode_512_ms_per_token")),
         "prime_vs_hf_fp32": over(mine.get("prime_4096_tokens_per_s"), hf["fp32"].get("prime_4096_tokens_per_s")),
         "peak_over_weights_bytes": (None if mine.get("peak_used_bytes") is None
-                                    else mine["peak_used_bytes"] - mine["weights_on_device_bytes"]),
+                                    else mine["peak_used_bytes"] - mine.get("weights_on_device_bytes", 0)),
         "yield_overhead_pct": mine.get("yield_overhead_pct"),
     }
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
