@@ -7,7 +7,18 @@ the rows of the largest launch. With primes cut into ``chunk_rows`` launches
 (:attr:`Engine.chunk_rows`) the workspace is bounded by the chunk; the K/V cache grows with the
 context, as it must. Kernel-owned scratch (split-KV statistics, ``numba_kernels.launch.scratch``)
 is capped by the kernels and not counted here.
-"""
+
+Device buffers and what sizes them, for a prime of T tokens at context C:
+
+- weights: the model; the K/V cache ``[C, Hkv·D]`` per attention layer (and the MTP layer's);
+  the rope tables ``[C, rotary/2]``: the context, as they must.
+- workspace (``Engine.ws``), the eager ids buffer, the hidden rows a launch returns: the launch's
+  rows, at most ``chunk_rows`` in ``Engine.prime`` / ``prime_chunk`` (``prime_chunk`` still
+  returns all T hidden rows, ``[T, H]``, as its callers asked; ``Engine.prime`` keeps only the
+  last row; the walker copies each chunk's rows to the host).
+- logits: only the rows a caller needs (one per prime launch; K+1 for a verify step).
+- verify captures: K+1 rows of DeltaNet state; snapshots: the cache rows in use.
+
 
 from __future__ import annotations
 
