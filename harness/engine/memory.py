@@ -18,7 +18,7 @@ Device buffers and what sizes them, for a prime of T tokens at context C:
   last row; the walker copies each chunk's rows to the host).
 - logits: only the rows a caller needs (one per prime launch; K+1 for a verify step).
 - verify captures: K+1 rows of DeltaNet state; snapshots: the cache rows in use.
-
+"""
 
 from __future__ import annotations
 
