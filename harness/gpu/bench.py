@@ -570,7 +570,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         got16 = guarded(bf16_decode, errors, "bf16 decode")
         mine["bf16"] = got16 if isinstance(got16, dict) else {NA: got16}
     stdlib = SKIPPED
-    if "stdlib" not in skip and budget.left() > 20:
+    if "stdlib" not in skip and budget.left() > 60:
         stdlib = guarded(lambda: stdlib_spec(SPEC_KS), errors, "stdlib-small spec")
 
     def over(a, b):
