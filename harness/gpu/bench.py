@@ -416,7 +416,7 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
         return s
 
     peaks = {}
-    rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.6), errors, peak=lambda n: peaks[n],
+    rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.5), errors, peak=lambda n: peaks[n],
                   runs=lambda n: sum(curve_reps(n, lengths[0])))
     e4096 = rep.curve_entry(curve, 4096)
     if isinstance(e4096.get("primewalk_s"), float):  # schema 1 fields, read by the README and notebooks
@@ -531,7 +531,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     sgemm, bw = torch_anchors(timer)
     curve = rep.new_curve(lengths)
     hf, ref_logits = {"fp32": {}, "bf16": {}}, None
-    for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.15)):
+    for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.12)):
         if "hf" in skip or (name == "bf16" and "hf-bf16" in skip):
             continue
         m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
