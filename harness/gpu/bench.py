@@ -122,15 +122,17 @@ def curve_reps(n: int, first: int) -> tuple[int, int]:
     return (2, 0) if n <= 16384 else (1, 0)
 
 
-def build_hf_model(folder, seed=0):
-    """Create bench-8l with transformers (random, every parameter perturbed) and save it."""
+def build_hf_model(folder, seed=0, config=None):
+    """Create bench-8l (or ``config``, a dict shaped like :data:`BENCH_8L`) with transformers
+    (random, every parameter perturbed) and save it."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
+    config = config or BENCH_8L
     torch.manual_seed(seed)
-    kw = {k: v for k, v in BENCH_8L.items() if k not in ("rope_theta", "partial_rotary_factor")}
-    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": BENCH_8L["rope_theta"],
-                             "partial_rotary_factor": BENCH_8L["partial_rotary_factor"]}
+    kw = {k: v for k, v in config.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"],
+                             "partial_rotary_factor": config["partial_rotary_factor"]}
     cfg = Qwen3NextConfig(**kw)
     model = Qwen3NextForCausalLM(cfg)
     with torch.no_grad():
@@ -139,6 +141,15 @@ def build_hf_model(folder, seed=0):
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
+
+
+def with_mtp_head(ck, seed):
+    """``ck`` (an HF checkpoint, which has no MTP head) plus a random MTP head seeded ``seed``."""
+    from ..synth import random_tensors
+
+    ck.tensors.update(random_tensors(ck.config, seed, mtp=True, trunk=False))
+    ck.config.num_nextn_predict_layers = 1
+    return ck
 
 
 # ------------------------------------------------------------------------------------------------
@@ -506,7 +517,6 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     from ..engine import backend as bk
     from ..engine.weights import load_checkpoint
     from ..matrix.builtin import REPO
-    from ..synth import random_tensors
     from .evidence import evidence_block
 
     bad = set(skip) - set(SKIPPABLE)
@@ -524,9 +534,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     errors = {}
     with tempfile.TemporaryDirectory() as folder:
         model = build_hf_model(folder, seed)
-        ck = load_checkpoint(folder)
-        ck.tensors.update(random_tensors(ck.config, seed + 1, mtp=True, trunk=False))
-        ck.config.num_nextn_predict_layers = 1
+        ck = with_mtp_head(load_checkpoint(folder), seed + 1)
     weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
     sgemm, bw = torch_anchors(timer)
     curve = rep.new_curve(lengths)
