@@ -16,8 +16,9 @@
 #
 # Prime (prefill) tokens/s per schedule and chunk size, per-chunk wall times, and decode tokens/s
 # plain vs speculative per K, for receipt A and, side by side, receipt B (by default the golden
-# CPU run and the device run). Timings are informational: they are never part of a verdict.
-# This notebook only reads receipts.
+# CPU run and the device run). Then the `harness bench` result (bench-8l on the H200): the prime
+# length curve against transformers, and the goals of issues #15 and #16. Timings are
+# informational: they are never part of a verdict. This notebook only reads receipts.
 
 # %%
 import os
@@ -32,6 +33,8 @@ ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 # override the defaults (the tests point them at synthetic receipts).
 RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/golden/default.json")
 RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.json")
+# The bench JSON (harness bench); PRIMEWALK_BENCH overrides it.
+BENCH = os.environ.get("PRIMEWALK_BENCH", "receipts/bench/h200-bench.json")
 
 # %%
 # %matplotlib inline
@@ -113,3 +116,43 @@ decode.round(2)
 # %%
 has_decode = any(c in cells_a.columns for c in ("timings.decode_tokens_per_s", "timings.spec_tokens_per_s"))
 decode_figure(receipt_a) if has_decode else None
+
+# %% [markdown]
+# ## bench-8l: prime time vs prompt length
+#
+# `harness bench` primes 4,096 to 131,072 tokens with primewalk (exact mode, in chunks) and with
+# transformers fp32 and bf16. `oom`: out of device memory; `skipped`: the run's time box.
+# Both axes are logarithmic.
+
+# %%
+import json
+
+from harness.gpu import bench_report
+
+bench_path = Path(BENCH) if Path(BENCH).is_absolute() else ROOT / BENCH
+bench = json.loads(bench_path.read_text()) if bench_path.exists() else {}
+has_curve = bool(bench.get("prime_curve"))
+if not bench:
+    print(f"note: no bench result at {bench_path}")
+elif not has_curve:
+    print(f"note: {BENCH} (schema {bench.get('schema_version', 1)}, {bench.get('created')}) predates the length "
+          f"curve; refresh it with: bash tools/device_run.sh OUT bench")
+curve = pd.DataFrame(bench.get("prime_curve", [])).set_index("tokens") if has_curve else None
+curve
+
+# %%
+bench_report.prime_curve_figure(bench) if has_curve else None
+
+# %% [markdown]
+# ## Goals of issues #15 and #16
+#
+# `met` is `n/a` where the run could not measure the goal (for example bf16-resident decode
+# before the engine has it).
+
+# %%
+goals = bench.get("goals") or {}
+if goals and all(isinstance(g, dict) for g in goals.values()):
+    goal_table = pd.DataFrame.from_dict(goals, orient="index")[["value", "goal", "met"]]
+else:  # schema 1: name -> met
+    goal_table = pd.DataFrame({"met": goals}) if goals else "no goals recorded"
+goal_table

@@ -1,23 +1,48 @@
-"""The CPU-testable parts of ``harness bench`` (the run itself needs a GPU and torch)."""
+"""The CPU-testable parts of ``harness bench`` (the run itself needs a GPU and torch): chunked
+primes, the memory bound at 131k, the curve's time box and out-of-memory path, the goals, the
+figure and the table."""
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from harness.engine.model import Engine
-from harness.engine.weights import load_checkpoint
-from harness.gpu.bench import BENCH_8L, OpProfile, _fill_random_context, profile_steps, table
-from harness.models import default_model_path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_factory import make_bench_result  # noqa: E402
+
+from harness.engine.config import ModelConfig  # noqa: E402
+from harness.engine.memory import plan  # noqa: E402
+from harness.engine.model import Engine  # noqa: E402
+from harness.engine.weights import load_checkpoint  # noqa: E402
+from harness.gpu import bench_report as rep  # noqa: E402
+from harness.gpu.bench import (BENCH_8L, OpProfile, _fill_random_context, attention_tflops, gemm_rates,  # noqa: E402
+                               profile_steps, spec_run, table)
+from harness.models import default_model_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, "receipts", "bench", "h200-bench.json")
 
 
 @pytest.fixture(scope="module")
-def eng():
-    return Engine(load_checkpoint(default_model_path()), "cpu")
+def ck():
+    return load_checkpoint(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def eng(ck):
+    return Engine(ck, "cpu")
+
+
+def bench8l_config():
+    d = dict(BENCH_8L, layer_types=list(BENCH_8L["layer_types"]), num_nextn_predict_layers=1)
+    return ModelConfig.from_dict(d)
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
 
 
 def test_bench_model_is_the_issue_config():
@@ -28,6 +53,48 @@ def test_bench_model_is_the_issue_config():
     assert BENCH_8L["intermediate_size"] == 5632 and BENCH_8L["vocab_size"] == 151936
 
 
+# ---- memory that does not grow with the prompt ------------------------------------------------
+def test_chunked_prime_equals_the_unchunked_one_bitwise(ck):
+    ids = np.random.default_rng(3).integers(0, ck.config.vocab_size, 150).tolist()
+    whole, cut = Engine(ck, "cpu", chunk_rows=4096), Engine(ck, "cpu", chunk_rows=64)
+    s1, s2, s3 = whole.new_session(160), cut.new_session(160), cut.new_session(160)
+    l1, h1 = whole.prime_chunk(s1, ids)
+    l2, h2 = cut.prime_chunk(s2, ids)  # three launches of 64, 64, 22 rows
+    l3 = cut.prime(s3, ids)  # the same launches, no hidden rows kept
+    assert np.array_equal(bits(l1), bits(l2)) and np.array_equal(bits(l1), bits(l3))
+    assert np.array_equal(bits(whole.host(h1)), bits(cut.host(h2)))
+    assert s1.cache.digest() == s2.cache.digest() == s3.cache.digest()
+    assert np.array_equal(bits(cut.host(s3.last_h)), bits(whole.host(h1)[-1:]))
+    assert max(a.shape[0] for a in cut._ws.values()) <= 64  # the workspace is bounded by the chunk
+    la, _ = whole.decode_step(s1, 7)
+    lb, _ = cut.decode_step(s3, 7)
+    assert np.array_equal(bits(la), bits(lb))
+
+
+def test_memory_plan_is_the_engines_workspace(ck):
+    e = Engine(ck, "cpu", chunk_rows=48)
+    s = e.new_session(200)
+    e.prime(s, list(range(100)))
+    p = plan(ck.config, 200, 48)
+    assert {k: a.nbytes for k, a in e._ws.items()} == {k: p.workspace[k] for k in e._ws}  # trunk buffers
+    assert set(p.workspace) - set(e._ws) == {"mtp_e", "mtp_cat"}  # the MTP head's own (the prime runs none)
+    assert p.cache == sum(a.nbytes for a in [*s.cache.conv.values(), *s.cache.rec.values(), *s.cache.k.values(),
+                                             *s.cache.v.values(), s.cache.mtp_k, s.cache.mtp_v])
+
+
+def test_131k_prime_on_bench8l_fits_weights_plus_12_gb():
+    cfg = bench8l_config()
+    chunked = plan(cfg, 131072 + 64, 4096)
+    assert chunked.above_weights <= rep.PEAK_ALLOWANCE_BYTES
+    assert chunked.workspace == plan(cfg, 4096 + 64, 4096).workspace  # the workspace ignores the context
+    assert 4.8e9 < chunked.weights < 5.0e9  # float32, MTP head included (the H200 run measured 4.91e9 on device)
+    # no per-prompt-row buffer of vocab width: logits only for the rows a caller needs
+    assert chunked.workspace["logits"] == 4 * cfg.vocab_size
+    # without chunks the workspace alone would be tens of GB
+    assert plan(cfg, 131072 + 64, 131072).workspace_bytes > 3 * rep.PEAK_ALLOWANCE_BYTES
+
+
+# ---- bench measures on the CPU twin -----------------------------------------------------------
 def test_op_profile_times_every_op_without_changing_results(eng):
     ids = list(range(40))
     s1 = eng.new_session(64)
@@ -46,11 +113,20 @@ def test_op_profile_times_every_op_without_changing_results(eng):
     assert list(report["ops"]) == sorted(report["ops"], key=lambda k: -report["ops"][k]["s"])
 
 
-def test_profile_steps_restores_the_ops(eng):
+def test_profiles_attention_rate_and_gemm_rates(eng):
     ops = eng.ops
-    out = profile_steps(eng, list(range(80)), list(range(40)))
+    out = profile_steps(eng, list(range(80)), list(range(40)), prime_lengths=(64, 80))
     assert eng.ops is ops
-    assert set(out) == {"decode_512", "prime_4096"} and out["decode_512"]["ops"]
+    assert set(out) == {"decode_40", "prime_64", "prime_80"} and out["decode_40"]["ops"]
+    assert attention_tflops(eng, out, 80) > 0 and attention_tflops(eng, out, 4096) is None
+    g = gemm_rates(eng, lambda fn, reps, warmup: (fn(), 1e-3)[1], rows=8)
+    assert len(g["shapes"]) == 6 and g["tflops"] > 0
+
+
+def test_spec_run_measures_steps_and_keeps_greedy_tokens(eng):
+    r = spec_run(eng, list(range(1, 50)), 2, new_tokens=8)
+    assert r["same_tokens"] and r["draft_step_ms"] > 0 and r["verify_step_ms"] > 0
+    assert r["mean_acceptance_length"] >= 1.0
 
 
 def test_random_context_fill_sets_the_position(eng):
@@ -61,7 +137,110 @@ def test_random_context_fill_sets_the_position(eng):
     assert np.isfinite(logits).all() and s.cache.pos == 257
 
 
-def test_committed_bench_result_reports_every_measure_against_its_goal():
+def test_causal_attention_flops():
+    assert rep.causal_attention_flops(1, 1, 1, 1) == 4
+    assert rep.causal_attention_flops(3, 2, 8, 1) == 4 * 8 * 2 * 6
+    assert rep.causal_attention_flops(2, 1, 1, 1, start=10) == 4 * (11 + 12)
+
+
+# ---- the curve: time box and out of memory ------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class OutOfMemoryError(RuntimeError):  # the name torch.cuda.OutOfMemoryError has
+    pass
+
+
+def test_curve_records_oom_frees_and_stops_growing():
+    errors, freed, ran = {}, [], []
+
+    def hf(n):
+        ran.append(n)
+        if n >= 32768:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 68.00 GiB")
+        return n / 1e4
+
+    curve = rep.new_curve(rep.CURVE_LENGTHS)
+    rep.run_curve(curve, "hf_fp32", hf, None, errors, free=lambda: freed.append(1))
+    assert [e["hf_fp32_s"] for e in curve] == [0.4096, 1.6384, "oom", "oom"]
+    assert ran == [4096, 16384, 32768] and freed == [1]  # 131072 never runs after an oom
+    assert errors["hf_fp32 prime 32768"].startswith("oom")
+    assert all(e["primewalk_s"] == "skipped" for e in curve)
+
+
+def test_curve_other_errors_are_recorded_not_raised():
+    errors = {}
+    curve = rep.new_curve([4096])
+    rep.run_curve(curve, "primewalk", lambda n: 1 / 0, None, errors, free=lambda: None)
+    assert curve[0]["primewalk_s"] == "error" and "ZeroDivisionError" in errors["primewalk prime 4096"]
+    assert rep.is_oom(RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")) and not rep.is_oom(ValueError("x"))
+
+
+def test_curve_time_box_skips_what_would_not_fit():
+    clock, errors = FakeClock(), {}
+    budget = rep.Budget(100.0, clock)
+
+    def run(n):  # quadratic: 1 s at 4096, 16 s at 16384, 64 s at 32768
+        clock.t += (n / 4096) ** 2
+        return (n / 4096) ** 2
+
+    peaks = []
+    curve = rep.new_curve(rep.CURVE_LENGTHS)
+    rep.run_curve(curve, "primewalk", run, budget, errors, peak=lambda n: peaks.append(n) or n)
+    assert [e["primewalk_s"] for e in curve] == [1.0, 16.0, 64.0, "skipped"]
+    assert [e["peak_bytes"] for e in curve] == [4096, 16384, 32768, None]
+    assert "time box" in errors["primewalk prime 131072"]
+
+
+# ---- goals, figure, table ------------------------------------------------------------------------
+def test_goals_block_has_every_goal_of_15_and_16():
+    r = make_bench_result()
+    g = r["goals"]
+    assert set(g) == {"prime_4096_vs_hf_fp32", "prime_16384_vs_hf_fp32", "prime_32768_s", "prime_131072_s",
+                      "prime_131072_peak_over_weights_bytes", "attention_tflops_32768", "gemm_tflops",
+                      "decode_512_over_floor", "decode_32k_over_floor", "verify_step_over_decode",
+                      "draft_step_k3_over_decode", "bf16_decode_512_over_bf16_floor"}
+    assert all(set(x) == {"value", "goal", "met"} for x in g.values())
+    assert g["prime_4096_vs_hf_fp32"]["value"] == pytest.approx(0.2 / 0.3) and g["prime_4096_vs_hf_fp32"]["met"]
+    assert g["prime_16384_vs_hf_fp32"]["met"] and g["prime_32768_s"]["met"] and g["prime_131072_s"]["met"]
+    assert g["prime_131072_peak_over_weights_bytes"]["value"] == 4_100_000_000
+    assert g["verify_step_over_decode"]["value"] == pytest.approx(1.2 / 1.1) and g["verify_step_over_decode"]["met"]
+    assert g["draft_step_k3_over_decode"]["value"] == pytest.approx(0.4 / 1.1)
+    assert g["bf16_decode_512_over_bf16_floor"] == {"value": "n/a", "goal": g["bf16_decode_512_over_bf16_floor"]["goal"],
+                                                    "met": "n/a"}
+    slow = make_bench_result()
+    slow["prime_curve"][3]["primewalk_s"] = "skipped"
+    slow["prime_curve"][2]["primewalk_s"] = 9.0
+    g2 = rep.goals_block(slow)
+    assert g2["prime_131072_s"]["met"] == "n/a" and g2["prime_32768_s"]["met"] is False
+
+
+def test_curve_figure_is_written_next_to_the_json_deterministically(tmp_path):
+    r = make_bench_result()
+    out = str(tmp_path / "h200-bench.json")
+    p1 = rep.write_curve_plot(r, out)
+    assert p1 == str(tmp_path / "h200-bench.prime_curve.png")
+    b1 = open(p1, "rb").read()
+    assert b1[:8] == b"\x89PNG\r\n\x1a\n"
+    assert open(rep.write_curve_plot(r, out), "rb").read() == b1
+
+
+def test_table_and_markdown_of_a_schema_2_result():
+    r = json.loads(json.dumps(make_bench_result()))  # as read back from the JSON
+    text = table(r)
+    assert "prime curve" in text and "131072" in text and "oom" in text and "goal prime_131072_s" in text
+    assert "spec stdlib-small k4" in text
+    md = rep.goals_markdown(r)
+    assert md.count("\n") == 1 + len(r["goals"]) and "| n/a |" in md
+    assert "| 131,072 | 24.000 | oom | skipped |" in rep.curve_markdown(r)
+
+
+def test_committed_bench_result_reads():
     with open(COMMITTED) as f:
         r = json.load(f)
     for key in ("device", "driver", "commit", "created", "hf", "sgemm", "copy_bandwidth_bytes_per_s",
@@ -70,6 +249,101 @@ def test_committed_bench_result_reports_every_measure_against_its_goal():
     assert "H200" in r["device"] and r["commit"]
     assert set(r["hf"]) == {"fp32", "bf16"}
     assert {"k1", "k2", "k3"} <= set(r["primewalk"]["spec"])
-    assert len(r["goals"]) == 5
+    if r.get("schema_version", 1) >= 2:
+        assert {e["tokens"] for e in r["prime_curve"]} >= {4096, 16384, 32768}
+        assert set(rep.goals_block(r)) == set(r["goals"]) and r.get("code_fingerprint")
     text = table(r)
     assert "prime 4096" in text and "goal" in text and "decode floor" in text
+
+
+def test_hf_prime_runner_on_a_tiny_model_on_the_cpu(ck):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from harness.gpu.bench import Timer, hf_prime_runner
+
+    with open(os.path.join(default_model_path(), "config.json")) as f:
+        cfg = transformers.Qwen3NextConfig(**{k: v for k, v in json.load(f).items() if k != "model_type"})
+    m = transformers.Qwen3NextForCausalLM(cfg).eval()
+    run = hf_prime_runner(m, list(range(200)), Timer(lambda: None), first=64, device="cpu")
+    curve = rep.new_curve([64, 128])
+    errors = {}
+    rep.run_curve(curve, "hf_fp32", run, None, errors)
+    assert not errors and all(isinstance(e["hf_fp32_s"], float) and e["hf_fp32_s"] > 0 for e in curve)
+    del torch
+
+
+def test_bench_table_tool_reads_a_schema_2_result(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bench_table
+
+    path = str(tmp_path / "b.json")
+    with open(path, "w") as f:
+        json.dump(make_bench_result(), f)
+    assert bench_table.main([path]) == 0
+    out = capsys.readouterr().out
+    assert "| 4,096 |" in out and "| prime_32768_s |" in out
+
+
+def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch):
+    """run_bench end to end off the GPU: bench-8l swapped for the tiny config, torch and the
+    engine on the CPU, the hardware anchors faked; the JSON has every block the README, the
+    notebook and ``harness evidence`` read."""
+    pytest.importorskip("transformers")
+    from harness.gpu import bench
+    from harness.gpu.evidence import receipt_facts
+
+    with open(os.path.join(default_model_path(), "config.json")) as f:
+        tiny = json.load(f)
+    rope = tiny.pop("rope_parameters")
+    tiny.pop("model_type")
+    tiny.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"])
+    monkeypatch.setattr(bench, "BENCH_8L", tiny)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BACKEND", "cpu")
+    monkeypatch.setattr(bench, "torch_anchors", lambda timer: ({"fake": {"s": 1.0, "tflops": 1.0}}, 1e11))
+    out = str(tmp_path / "bench.json")
+    # spec_run, profile_step and stdlib_spec have their own tests above and below
+    r = bench.run_bench(out, commit="c0ffee", lengths=[48, 96], budget_s=3000,
+                        skip=["decode-32k", "walker", "stdlib", "hf-bf16", "spec", "profile"])
+    with open(out) as f:
+        back = json.load(f)
+    assert back["schema_version"] == 2 and back["commit"] == "c0ffee" and not back["errors"], back["errors"]
+    assert [e["tokens"] for e in back["prime_curve"]] == [48, 96]
+    assert all(isinstance(e[k], float) for e in back["prime_curve"] for k in ("primewalk_s", "hf_fp32_s"))
+    assert all(e["hf_bf16_s"] == "skipped" for e in back["prime_curve"])
+    assert back["primewalk"]["spec"] == {} and back["primewalk"]["logits_rel_err_vs_hf_fp32"] < 1e-4
+    assert back["goals"]["prime_32768_s"]["met"] == "n/a" and back["goals"]["gemm_tflops"]["met"] in (True, False)
+    assert back["goals"]["decode_512_over_floor"]["met"] in (True, False)
+    assert back["goals"]["bf16_decode_512_over_bf16_floor"]["value"] == "n/a"
+    assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
+    assert "goal prime_4096_vs_hf_fp32" in bench.table(back)
+
+
+def test_stdlib_spec_on_the_cpu(monkeypatch):
+    from harness.gpu import bench
+
+    monkeypatch.setattr(bench, "BACKEND", "cpu")
+    r = bench.stdlib_spec((2,), new_tokens=8, prompt_tokens=64)
+    assert r["prompt_tokens"] == 64 and r["spec"]["k2"]["same_tokens"] and r["decode_ms_per_token"] > 0
+
+
+def test_goals_of_failed_measures_are_n_a():
+    r = make_bench_result()
+    r["primewalk"].update(gemm="error", decode_512_ms_per_token="oom", spec={"k1": "error"})
+    g = rep.goals_block(r)
+    for key in ("gemm_tflops", "decode_512_over_floor", "verify_step_over_decode", "draft_step_k3_over_decode"):
+        assert g[key]["met"] == "n/a", key
+
+
+def test_curve_time_box_counts_every_run_of_a_point():
+    clock, errors = FakeClock(), {}
+    budget = rep.Budget(40.0, clock)
+
+    def run(n):  # two runs per point
+        t = (n / 4096) ** 2
+        clock.t += 2 * t
+        return t
+
+    curve = rep.new_curve([4096, 16384])
+    rep.run_curve(curve, "primewalk", run, budget, errors, runs=lambda n: 3)  # 3 x 16 = 48 s > 38 s left
+    assert [e["primewalk_s"] for e in curve] == [1.0, "skipped"]

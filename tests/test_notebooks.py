@@ -5,6 +5,7 @@ comparing A with itself), and against the committed receipts when they exist."""
 from __future__ import annotations
 
 import copy
+import json
 import glob
 import os
 import sys
@@ -116,3 +117,17 @@ def test_a_receipt_without_acceptance_or_timings(tmp_path, monkeypatch):
     monkeypatch.setenv("PRIMEWALK_RECEIPT_B", path)
     for nb in NOTEBOOKS:
         execute(nb)
+
+
+def test_throughput_notebook_shows_the_bench_curve_and_goals(synthetic, tmp_path, monkeypatch):
+    from bench_factory import make_bench_result
+
+    path = str(tmp_path / "bench.json")
+    with open(path, "w") as f:
+        json.dump(make_bench_result(), f)
+    monkeypatch.setenv("PRIMEWALK_BENCH", path)
+    nb = execute(os.path.join(ROOT, "notebooks", "throughput_analysis.py"))
+    text = text_of(nb)
+    assert "131072" in text and "oom" in text and "prime_131072_s" in text and "note: " not in text
+    cells = [c for c in nb.cells if "prime_curve_figure" in c.source]
+    assert any("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))

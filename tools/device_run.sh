@@ -5,7 +5,9 @@
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
-# bench: harness bench (bench-8l vs transformers and hardware anchors).
+# bench: harness bench (bench-8l vs transformers and hardware anchors: prime length curve to 131k,
+#        decode vs floor, speculative decoding; time-boxed to fit one device command of 10 min).
+#        BENCH_ARGS adds flags, e.g. BENCH_ARGS="--lengths 4096,32768 --skip stdlib".
 # own:   a user's own checkpoint (tests/own_checkpoint.py: random Qwen3-Next with MoE, tied
 #        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
 #        on the CPU twin, the same spec on CUDA, digests compared; and whether the first timed
@@ -103,7 +105,8 @@ PY
   fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
+  # shellcheck disable=SC2086
+  python -m harness.cli bench --out "$res/h200-bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$res/bench.log" | tail -60 || echo "bench exit $?"
 fi
 if [ "$what" = fairness ] || [ "$what" = all ]; then
   [ -f out/bench-8l/config.json ] || python tools/make_bench8l.py --out out/bench-8l > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"

@@ -47,7 +47,10 @@ def cmd_device_walker(args) -> int:
 
 def cmd_bench(args) -> int:
     require_gpu("bench", "times the CUDA kernels")
-    r = bench.run_bench(args.out, commit=args.commit, quick=args.quick)
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else None
+    skip = [x for x in (args.skip or "").split(",") if x]
+    r = bench.run_bench(args.out, commit=args.commit, quick=args.quick, lengths=lengths, skip=skip,
+                        budget_s=args.budget_s)
     print(bench.table(r))
     print(f"wrote {args.out}")
     return 0
@@ -70,7 +73,12 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="bench-8l on CUDA vs transformers and hardware anchors (needs a GPU, torch)")
     p.add_argument("--out", default="receipts/bench/h200-bench.json")
     p.add_argument("--commit", default=commit)
-    p.add_argument("--quick", action="store_true", help="smaller 'long' context (4096) for a fast run")
+    p.add_argument("--quick", action="store_true", help="prime curve at 4096 and 16384 only, for a fast run")
+    p.add_argument("--lengths", help="prime curve lengths, comma-separated (default 4096,16384,32768,131072)")
+    p.add_argument("--skip", help=f"comma-separated parts to leave out: {', '.join(bench.SKIPPABLE)}")
+    p.add_argument("--budget-s", type=float, default=bench.DEFAULT_BUDGET_S,
+                   help="time box of the whole run in seconds: curve points predicted not to fit are recorded "
+                        "'skipped' (default %(default)s; the device command allows 600)")
     p.set_defaults(func=cmd_bench)
 
     evidence.register(sub)

@@ -30,6 +30,10 @@ from .rope import rope_tables
 from .weights import Checkpoint
 
 F32 = np.float32
+#: The most rows one launch of a prime runs: longer primes are cut into chunks of at most this
+#: many rows (bitwise equal to any other cut, by the exact contract), so the workspace is bounded
+#: by the chunk, not by the prompt (:mod:`.memory` computes it).
+PRIME_CHUNK_ROWS = 4096
 
 
 # ------------------------------------------------------------------------------------------------
@@ -61,8 +65,9 @@ class Engine:
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS):
         self.ckpt, self.cfg = ckpt, ckpt.config
+        self.chunk_rows = int(chunk_rows)  # the most rows one prime launch runs
         self.B = get_backend(backend)
         self.ops = self.B.ops
         self.check_finite = check_finite
@@ -249,9 +254,10 @@ class Engine:
         return self.steps.run(c, key if self.graphs else None, body, inputs, start,
                               lambda: [c, self.cos, self.sin, self._flag_buf, *keep, *self._ws.values()])
 
-    def _trunk(self, sess, ids, logits_rows, capture=False):
+    def _trunk(self, sess, ids, logits_rows, capture=False, keep_hidden=True):
         """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
-        last ``logits_rows`` rows (all when None), hidden [R, H], an owned backend array)."""
+        last ``logits_rows`` rows (all when None), hidden [R, H], an owned backend array; only
+        the last row [1, H] when not ``keep_hidden``)."""
         ids = self.check_ids(ids)
         R = len(ids)
         self._check_session(sess, R)
@@ -279,8 +285,8 @@ class Engine:
         c.pos = start + R
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
-        hidden = self.B.clone(hf[:R])
-        c.last_h = hidden[R - 1:R]
+        hidden = self.B.clone(hf[:R] if keep_hidden else hf[R - 1:R])
+        c.last_h = hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
         return out, hidden
@@ -301,9 +307,31 @@ class Engine:
         return logits, hf
 
     def prime_chunk(self, sess, ids):
-        """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend)."""
-        logits, hidden = self._trunk(sess, ids, 1)
+        """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend).
+        More than :attr:`chunk_rows` rows run as consecutive launches of at most that many."""
+        ids = self.check_ids(ids)
+        R = len(ids)
+        if R <= self.chunk_rows:
+            logits, hidden = self._trunk(sess, ids, 1)
+            return logits[0], hidden
+        self._check_session(sess, R)
+        hidden = self.B.empty((R, self.cfg.hidden_size))
+        for a in range(0, R, self.chunk_rows):
+            b = min(a + self.chunk_rows, R)
+            logits, h = self._trunk(sess, ids[a:b], 1)
+            self.B.copy_into(hidden[a:b], h)
+        sess.cache.last_h = hidden[R - 1:R]
         return logits[0], hidden
+
+    def prime(self, sess, ids):
+        """A long prime in chunks of at most :attr:`chunk_rows` rows, keeping no hidden rows:
+        device memory bounded by the chunk, whatever the prompt's length. Returns the logits of
+        the last row [V] host (bitwise those of ``prime_chunk`` on the same ids)."""
+        ids = self.check_ids(ids)
+        self._check_session(sess, len(ids))
+        for a in range(0, len(ids), self.chunk_rows):
+            logits, _ = self._trunk(sess, ids[a:a + self.chunk_rows], 1, keep_hidden=False)
+        return logits[0]
 
     def decode_step(self, sess, token):
         """One row: (logits [V] host, hidden [1, H] backend)."""

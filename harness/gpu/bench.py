@@ -4,21 +4,39 @@ Model ``bench-8l``: Qwen3-Next dimensions (hidden 2048; GDN 16 key / 32 value he
 conv 4; attention 16 heads / 2 KV heads × 256, partial rotary 0.25; dense MLP 5632; vocab
 151936), 8 layers (3 GDN : 1 attention), random weights, built with transformers on the device
 and saved; primewalk loads the same files (plus a random MTP head, which HF's class lacks).
+``stdlib-small`` (the trained model in ``harness/models``) adds speculative decoding with an
+MTP head whose drafts are accepted.
 
-Measures (exact mode): prime of 4096 tokens; decode of 32 tokens after a 512-token prime; the
-same at a 32k-token context (cache filled with random K/V and state, since decode cost depends
-on the context length, not on its values); speculative decoding for K = 1..3 with the cost of
-one draft step and of one K+1 verify step; yielded vs drained prime; peak GPU memory. Anchors
-in the same run: transformers fp32 eager (TF32 off) and bf16; torch SGEMM (cuBLAS, TF32 off) on
-the model's GEMM shapes; a device-to-device copy (bandwidth ceiling); the decode floor = bytes
-of every weight read once per token (lm head included, embedding excluded) / copy bandwidth.
-Writes one JSON and prints one table. Needs a CUDA GPU and torch + transformers.
+Measures (exact mode), in one device command of under 10 minutes (a time box, ``--budget-s``):
+
+- issue #15, the prime length curve: 4,096 / 16,384 / 32,768 / 131,072 tokens (``--lengths``),
+  primewalk (``Engine.prime``: launches of at most ``Engine.chunk_rows`` rows, so memory does not
+  grow with the prompt) beside transformers fp32 and bf16 (``logits_to_keep=1``); an
+  out-of-memory is recorded ``"oom"``, a length that would not fit the time box ``"skipped"``;
+  peak device memory per length; the per-op profile at 4,096 and 32,768; attention TFLOP/s
+  (causal FLOPs) at 32,768 and GEMM TFLOP/s on the bench shapes; a log-log figure of the curve
+  next to the JSON (``<stem>.prime_curve.png``).
+- issue #16: decode at 512 and 32k context (the cache filled with random K/V and state: decode
+  cost depends on the context length, not its values) against the floor (bytes of every weight
+  read once per token, lm head included, embedding excluded / device copy bandwidth);
+  speculative decoding K = 1..4 on bench-8l and stdlib-small (tokens/s plain vs speculative,
+  acceptance, the cost of one K-draft step and of one K+1-row verify step); bf16-resident
+  decode when the engine has it (``n/a`` otherwise).
+- anchors in the same run: torch SGEMM (cuBLAS, TF32 off) on the model's GEMM shapes, a
+  device-to-device copy, transformers decode; yielded vs drained walker prime.
+
+Writes one JSON (``schema_version`` 2: ``prime_curve``, ``goals``, device, driver, date, commit,
+``code_fingerprint``; see :mod:`.bench_report`) and prints one table. Needs a CUDA GPU and
+torch + transformers.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
+import inspect
 import json
+import os
 import tempfile
 import time
 
@@ -26,7 +44,8 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
-from .evidence import REPO, evidence_block
+from . import bench_report as rep
+from .bench_report import NA, SKIPPED, Budget, causal_attention_flops, gemm_flops, guarded
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -34,8 +53,43 @@ BENCH_8L = dict(
     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
     linear_conv_kernel_dim=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
     partial_rotary_factor=0.25, rope_theta=10000.0, intermediate_size=5632, num_experts=0,
-    tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=65536,
+    tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=262144,
 )
+DEFAULT_BUDGET_S = 450.0  # the whole run, model build included; the device command allows 600
+SKIPPABLE = ("hf", "hf-bf16", "profile", "spec", "stdlib", "walker", "decode-32k", "bf16")
+SPEC_KS = (1, 2, 3, 4)
+# where the run happens: the torch device and the engine backend (tests run the whole bench on
+# the CPU with a tiny model by setting both to "cpu")
+DEVICE, BACKEND = "cuda", "cuda"
+
+
+class _HostContext:
+    """Stands in for numba's CUDA context off the GPU: no device memory to count."""
+
+    class deallocations:  # noqa: N801 - mirrors numba's attribute
+        @staticmethod
+        def clear():
+            pass
+
+    @staticmethod
+    def get_memory_info():
+        return (0, 0)
+
+
+def device_context():
+    """numba's CUDA context (free/total memory, pending frees), or a stand-in off the GPU."""
+    if BACKEND != "cuda":
+        return _HostContext()
+    from numba import cuda
+
+    return cuda.current_context()
+
+
+def _sync():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _median(xs):
@@ -59,6 +113,13 @@ class Timer:
             self.sync()
             out.append(time.perf_counter() - t0)
         return _median(out)
+
+
+def curve_reps(n: int, first: int) -> tuple[int, int]:
+    """(reps, warmup) of a curve point: the first length warms up, long ones run once."""
+    if n == first:
+        return 2, 1
+    return (2, 0) if n <= 16384 else (1, 0)
 
 
 def build_hf_model(folder, seed=0, config=None):
@@ -91,32 +152,47 @@ def with_mtp_head(ck, seed):
     return ck
 
 
-def hf_anchors(model, ids4096, ids512, timer, dtype_name):
+# ------------------------------------------------------------------------------------------------
+# transformers
+# ------------------------------------------------------------------------------------------------
+def hf_prime_runner(m, ids, timer, first, device=None):
+    """``fn(n)``: seconds of one HF forward over ``n`` prompt tokens (logits of the last row
+    only, as a prime needs)."""
     import torch
 
-    dev = torch.device("cuda")
-    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
-    m = model.to(device=dev, dtype=dtype).eval()
-    x4096 = torch.tensor([ids4096], device=dev)
-    x512 = torch.tensor([ids512], device=dev)
-    out = {}
-    with torch.no_grad():
-        out["prime_4096_s"] = timer(lambda: m(x4096, use_cache=False), reps=3)
+    def run(n):
+        x = torch.tensor([ids[:n]], device=device or DEVICE)
+        reps, warmup = curve_reps(n, first)
 
+        def go():
+            with torch.no_grad():
+                m(x, use_cache=False, logits_to_keep=1)
+
+        try:
+            return timer(go, reps=reps, warmup=warmup)
+        finally:
+            del x
+
+    return run
+
+
+def hf_decode_ms(m, ids512, timer):
+    import torch
+
+    x512 = torch.tensor([ids512], device=DEVICE)
+    with torch.no_grad():
         def gen(n):
             return lambda: m.generate(x512, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
         t33 = timer(gen(33), reps=2)
         t1 = timer(gen(1), reps=2)
-        out["decode_ms_per_token"] = (t33 - t1) / 32 * 1e3
-    out["prime_4096_tokens_per_s"] = 4096 / out["prime_4096_s"]
-    return out
+    return (t33 - t1) / 32 * 1e3
 
 
 def torch_anchors(timer):
     import torch
 
-    dev = torch.device("cuda")
+    dev = torch.device(DEVICE)
     shapes = {"mlp_up 4096x2048x11264": (4096, 2048, 11264), "mlp_down 4096x5632x2048": (4096, 5632, 2048),
               "qkvz 4096x2048x12288": (4096, 2048, 12288), "gemm 4096x2048x5632": (4096, 2048, 5632)}
     res = {}
@@ -133,6 +209,9 @@ def torch_anchors(timer):
     return res, bw
 
 
+# ------------------------------------------------------------------------------------------------
+# primewalk
+# ------------------------------------------------------------------------------------------------
 class OpProfile:
     """Stands in for an engine's op module: synchronises around every op and adds its time to
     its name, to see where a step's time goes (the sum exceeds the unprofiled step time by the
@@ -160,27 +239,65 @@ class OpProfile:
         return {"total_s": total_s, "ops": {k: {"s": v, "calls": self.calls[k]} for k, v in rows}}
 
 
-def profile_steps(eng, ids4096, ids512):
-    """Per-op time of one 512-context decode step and of one 4096-token prime."""
-    out = {}
+def profile_step(eng, name, ids):
+    """Per-op time of one step: ``decode_<n>`` (one decode step after an ``n``-token prime) or
+    ``prime_<n>`` (a prime of ``n`` tokens in ``Engine.prime``'s chunks)."""
     plain_ops = eng.ops
+    n = int(name.split("_")[1])
     try:
-        for name, n, ids in (("decode_512", 512, ids512), ("prime_4096", 4096, ids4096)):
-            s = eng.new_session(n + 64)
-            if name.startswith("decode"):
-                eng.prime_chunk(s, ids)
-            prof = eng.ops = OpProfile(plain_ops, eng.B.synchronize)
-            t0 = time.perf_counter()
-            if name.startswith("decode"):
-                eng.decode_step(s, 1)
-            else:
-                eng.prime_chunk(s, ids)
-            eng.B.synchronize()
-            out[name] = prof.report(time.perf_counter() - t0)
-            eng.ops = plain_ops
+        s = eng.new_session(n + 64)
+        if name.startswith("decode"):
+            eng.prime(s, ids[:n])
+        prof = eng.ops = OpProfile(plain_ops, eng.B.synchronize)
+        t0 = time.perf_counter()
+        if name.startswith("decode"):
+            eng.decode_step(s, 1)
+        else:
+            eng.prime(s, ids[:n])
+        eng.B.synchronize()
+        return prof.report(time.perf_counter() - t0)
     finally:
         eng.ops = plain_ops
+
+
+def profile_steps(eng, ids_prime, ids_decode, prime_lengths=None):
+    """Per-op time of one 512-context decode step and of a prime at each of ``prime_lengths``
+    (default: the length of ``ids_prime``)."""
+    out = {f"decode_{len(ids_decode)}": profile_step(eng, f"decode_{len(ids_decode)}", ids_decode)}
+    for n in prime_lengths or (len(ids_prime),):
+        out[f"prime_{n}"] = profile_step(eng, f"prime_{n}", ids_prime)
     return out
+
+
+def attention_tflops(eng, profile: dict, n: int):
+    """Attention TFLOP/s of a profiled ``n``-token prime (causal FLOPs / the attention op's time)."""
+    p = (profile or {}).get(f"prime_{n}")
+    if not p or "attention" not in p["ops"]:
+        return None
+    cfg = eng.cfg
+    layers = len(cfg.layer_types) - len(cfg.gdn_layers)
+    flops = causal_attention_flops(n, cfg.num_attention_heads, cfg.head_dim, layers)
+    return flops / p["ops"]["attention"]["s"] / 1e12
+
+
+def gemm_rates(eng, timer, rows=4096, seed=0):
+    """TFLOP/s of the engine's linear op on the bench shapes (the weights of the first DeltaNet
+    and the first attention layer, ``rows`` rows) and over all of them."""
+    B, ops, rng = eng.B, eng.ops, np.random.default_rng(seed)
+    gdn = eng.layers[eng.cfg.gdn_layers[0]]
+    att = next(L for L in eng.layers if L["kind"] != gdn["kind"])
+    shapes = {"qkvz": gdn["qkvz"], "out": gdn["out"], "mlp_gate_up": gdn["gu"], "mlp_down": gdn["down"],
+              "attn_qkv": att["qkv"], "attn_o": att["o"]}
+    res, flops, secs = {}, 0, 0.0
+    for name, W in shapes.items():
+        N, K = W.shape
+        x = B.upload((0.1 * rng.standard_normal((rows, K))).astype(np.float32))
+        y = B.empty((rows, N))
+        t = timer(lambda: ops.linear(x, W, y, rows), reps=3, warmup=1)
+        f = gemm_flops(rows, K, N)
+        res[f"{name} {rows}x{K}x{N}"] = {"s": t, "tflops": f / t / 1e12}
+        flops, secs = flops + f, secs + t
+    return {"shapes": res, "tflops": flops / secs / 1e12}
 
 
 def _fill_random_context(engine, sess, n, rng):
@@ -194,106 +311,182 @@ def _fill_random_context(engine, sess, n, rng):
     c.pos = n
 
 
-def ours(ck, ids4096, ids512, timer, quick):
-    from ..engine.model import Engine
+def decode_ms(eng, sess, n=32, warmup=2):
+    """Milliseconds per greedy decode step on ``sess`` (compilation and first touch excluded)."""
+    tok = 1
+    for _ in range(warmup):
+        logits, _ = eng.decode_step(sess, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits, _ = eng.decode_step(sess, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def spec_run(eng, prompt, k, new_tokens=64):
+    """Speculative (K drafts) vs plain greedy decoding after the same prime, and the cost of one
+    draft step (K chained MTP passes) and of one K+1-row verify step, timed in isolation."""
     from ..walk.mtp_walker import run_prime
     from ..walk.speculative import continue_plain, continue_spec
 
-    from numba import cuda
-
-    free0, total = cuda.current_context().get_memory_info()
-    eng = Engine(ck, "cuda", check_finite=True)
-    res = {"weights_on_device_bytes": int(free0 - cuda.current_context().get_memory_info()[0])}
-
-    def prime(n, ids):
-        s = eng.new_session(n + 64)
-        eng.prime_chunk(s, ids)
-        return s
-
-    res["prime_4096_s"] = timer(lambda: prime(4096, ids4096), reps=2)
-    res["prime_4096_tokens_per_s"] = 4096 / res["prime_4096_s"]
-
-    def decode_after(sess, n=32, warmup=2):
-        tok = 1
-        for _ in range(warmup):  # compilation and first-touch stay out of the timing
-            logits, _ = eng.decode_step(sess, tok)
-            tok = int(np.argmax(logits))
+    cap = len(prompt) + 2 * new_tokens + k + 8
+    sess = eng.new_session(cap)
+    spec = continue_spec(eng, sess, run_prime(eng, sess, prompt, k).prepared, new_tokens, k)
+    sess2 = eng.new_session(cap)
+    plain = continue_plain(eng, sess2, run_prime(eng, sess2, prompt, k).prepared, new_tokens)
+    d_s, v_s = [], []
+    for _ in range(5):  # the first passes may compile or capture a step: the median of the last 3
+        snap = sess.cache.snapshot()
+        c = sess.cache
+        hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
+        c.mtp_len = c.pos - 1
         eng.B.synchronize()
         t0 = time.perf_counter()
-        for _ in range(n):
-            logits, _ = eng.decode_step(sess, tok)
-            tok = int(np.argmax(logits))
+        drafts = eng.mtp_draft(sess, [1, 2], hid, k)
         eng.B.synchronize()
-        return (time.perf_counter() - t0) / n
+        d_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        eng.target_step(sess, [1] + drafts, capture=True)
+        eng.B.synchronize()
+        v_s.append(time.perf_counter() - t0)
+        sess.cache.restore(snap)
+    return {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
+            "same_tokens": spec.tokens == plain.tokens,
+            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
+            "draft_step_ms": _median(d_s[2:]) * 1e3, "verify_step_ms": _median(v_s[2:]) * 1e3}
 
-    res["decode_512_ms_per_token"] = _median([decode_after(prime(512, ids512)) for _ in range(2)]) * 1e3
-    res["captured_steps"] = bool(eng.graphs)
-    graphs, eng.graphs = eng.graphs, False  # the same steps with every launch issued from Python
-    res["decode_512_uncaptured_ms_per_token"] = decode_after(prime(512, ids512)) * 1e3
-    eng.graphs = graphs
-    rng = np.random.default_rng(0)
-    n32k = 32768 if not quick else 4096
-    s32 = eng.new_session(n32k + 64)
-    _fill_random_context(eng, s32, n32k, rng)
-    res["decode_32k_ms_per_token"] = decode_after(s32, 32) * 1e3
-    res["context_32k"] = n32k
-    free_min = cuda.current_context().get_memory_info()[0]
-    # speculative decoding after a 512-token prime
+
+def bf16_engine(ck):
+    """A bf16-resident engine on ``ck`` (issue #14) when this tree has one, else (None, why)."""
+    from ..engine.model import Engine
+
+    if importlib.util.find_spec("harness.engine.bf16") is None:
+        return None, "no harness/engine/bf16.py in this tree"
+    params = inspect.signature(Engine.__init__).parameters
+    for name, value in (("weights_dtype", "bf16"), ("weight_dtype", "bf16"), ("dtype", "bf16"), ("bf16", True)):
+        if name in params:
+            return Engine(ck, BACKEND, check_finite=True, **{name: value}), None
+    return None, "Engine takes no bf16 weights argument"
+
+
+def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):
+    """Speculative decoding on the trained stdlib-small model (drafts that get accepted)."""
+    from ..engine.model import Engine
+    from ..engine.weights import load_checkpoint
+    from ..models import model_path
+    from ..tokenizer import encode
+
+    folder = model_path("stdlib-small")
+    with open(os.path.join(folder, "prompts", "heldout0.py"), encoding="utf-8", errors="replace") as f:
+        prompt = encode(f.read())[:prompt_tokens]
+    eng = Engine(load_checkpoint(folder), BACKEND, check_finite=True)
+    s = eng.new_session(len(prompt) + 64)
+    eng.prime(s, prompt)
+    out = {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "decode_ms_per_token": decode_ms(eng, s)}
+    out["spec"] = {f"k{k}": spec_run(eng, prompt, k, new_tokens) for k in ks}
+    return out
+
+
+def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
+    """Every primewalk measure on bench-8l (see the module docstring). Returns (engine, dict)."""
+    from ..engine.memory import plan
+    from ..engine.model import Engine
+    from ..walk.mtp_walker import run_prime
+
+    ctx = device_context()
+    lengths = [e["tokens"] for e in curve]
+    eng = Engine(ck, BACKEND, check_finite=True)
+    res = {"weights_on_device_bytes": int(free0 - ctx.get_memory_info()[0]), "chunk_rows": eng.chunk_rows,
+           "captured_steps": bool(eng.graphs)}
+    res["memory_plan"] = {str(n): {"above_weights_bytes": p.above_weights, "cache_bytes": p.cache,
+                                   "workspace_bytes": p.workspace_bytes}
+                          for n in lengths for p in [plan(eng.cfg, n + 64, eng.chunk_rows)]}
+
+    def prime_s(n):
+        reps, warmup = curve_reps(n, lengths[0])
+        out = []
+        for i in range(warmup + reps):
+            ctx.deallocations.clear()  # the previous session's planes are freed before the next is made
+            s = eng.new_session(n + 64)
+            eng.B.synchronize()
+            t0 = time.perf_counter()
+            eng.prime(s, ids[:n])
+            eng.B.synchronize()
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+            peaks[n] = int(free0 - ctx.get_memory_info()[0])  # the session is still alive here
+            del s
+        return _median(out)
+
+    def prime_session(n):
+        s = eng.new_session(n + 128)
+        eng.prime(s, ids[:n])
+        return s
+
+    peaks = {}
+    rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.5), errors, peak=lambda n: peaks[n],
+                  runs=lambda n: sum(curve_reps(n, lengths[0])))
+    e4096 = rep.curve_entry(curve, 4096)
+    if isinstance(e4096.get("primewalk_s"), float):  # schema 1 fields, read by the README and notebooks
+        res["prime_4096_s"] = e4096["primewalk_s"]
+        res["prime_4096_tokens_per_s"] = 4096 / e4096["primewalk_s"]
+
+    def fits(seconds):
+        return budget.left() > seconds
+
+    res["gemm"] = guarded(lambda: gemm_rates(eng, timer), errors, "gemm rates")
+    res["decode_512_ms_per_token"] = guarded(lambda: _median([decode_ms(eng, prime_session(512)) for _ in range(2)]),
+                                             errors, "decode 512")
+    if eng.graphs:
+        eng.graphs = False  # the same steps with every launch issued from Python
+        res["decode_512_uncaptured_ms_per_token"] = guarded(lambda: decode_ms(eng, prime_session(512)), errors,
+                                                            "decode 512 uncaptured")
+        eng.graphs = True
+    if "decode-32k" not in skip:
+        def d32k():
+            s32 = eng.new_session(32768 + 64)
+            _fill_random_context(eng, s32, 32768, np.random.default_rng(0))
+            return decode_ms(eng, s32, 32)
+
+        res["decode_32k_ms_per_token"] = guarded(d32k, errors, "decode 32k")
+        res["context_32k"] = 32768
     res["spec"] = {}
-    for k in (1, 2, 3):
-        sess = eng.new_session(512 + 128 + k)
-        run = run_prime(eng, sess, ids512, k)
-        spec = continue_spec(eng, sess, run.prepared, 64, k)
-        sess2 = eng.new_session(512 + 128 + k)
-        run2 = run_prime(eng, sess2, ids512, k)
-        plain = continue_plain(eng, sess2, run2.prepared, 64)
-        # one draft step (K chained MTP passes) and one K+1 verify step, timed in isolation
-        d_s, v_s = [], []
-        for _ in range(3):
-            snap = sess.cache.snapshot()
-            c = sess.cache
-            fill = [1, 2]
-            hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
-            c.mtp_len = c.pos - 1
-            eng.B.synchronize()
-            t0 = time.perf_counter()
-            drafts = eng.mtp_draft(sess, fill, hid, k)
-            eng.B.synchronize()
-            d_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            eng.target_step(sess, [1] + drafts, capture=True)
-            eng.B.synchronize()
-            v_s.append(time.perf_counter() - t0)
-            sess.cache.restore(snap)
-        res["spec"][f"k{k}"] = {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
-                                "same_tokens": spec.tokens == plain.tokens,
-                                "mean_acceptance_length": spec.metrics["mean_acceptance_length"],
-                                "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3}
-    # yielded vs drained walker prime (4096 tokens, 512-row chunks)
-    walls = {}
-    for mode in ("drained", "yielded"):
-        def go():
-            s = eng.new_session(4096 + 64)
-            run_prime(eng, s, ids4096, 1, chunk_rows=512, fill_chunk=512,
-                      yield_hook=(lambda: None) if mode == "yielded" else None)
-        walls[mode] = timer(go, reps=2)
-    res["walker_prime_4096_drained_s"] = walls["drained"]
-    res["walker_prime_4096_yielded_s"] = walls["yielded"]
-    res["yield_overhead_pct"] = 100.0 * (walls["yielded"] - walls["drained"]) / walls["drained"]
-    # the GDN recurrence's share of the prime
-    cfg, ops, B = eng.cfg, eng.ops, eng.B
-    R, kd, nv = 4096, cfg.key_dim, cfg.linear_num_value_heads
-    q = B.upload((0.05 * rng.standard_normal((R, kd))).astype(np.float32))
-    v = B.upload(rng.standard_normal((R, cfg.conv_dim)).astype(np.float32))
-    g = B.upload(-np.abs(rng.standard_normal((R, nv))).astype(np.float32))
-    beta = B.upload(rng.uniform(0, 1, (R, nv)).astype(np.float32))
-    S = B.zeros((nv, cfg.linear_key_head_dim, cfg.linear_value_head_dim))
-    o = B.empty((R, cfg.value_dim))
-    t_gdn = timer(lambda: ops.gdn_recurrence(q, q, v, 2 * kd, g, beta, S, o, R, cfg.linear_key_head_dim,
-                                              cfg.linear_value_head_dim, cfg.v_per_k, eng.cap_rec_dummy, False), reps=2)
-    res["gdn_recurrence_share_of_prime"] = len(cfg.gdn_layers) * t_gdn / res["prime_4096_s"]
-    res["peak_used_bytes"] = int(free0 - free_min)  # weights + workspace + caches, device-wide
-    res["profile"] = profile_steps(eng, ids4096, ids512)
+    if "spec" not in skip:
+        for k in SPEC_KS:
+            res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k), errors, f"spec k{k}")
+        res["spec"] = {k: v for k, v in res["spec"].items() if isinstance(v, dict)}
+    if "walker" not in skip and fits(30):
+        def walker():
+            walls = {}
+            for mode in ("drained", "yielded"):
+                def go():
+                    s = eng.new_session(4096 + 64)
+                    run_prime(eng, s, ids[:4096], 1, chunk_rows=512, fill_chunk=512,
+                              yield_hook=(lambda: None) if mode == "yielded" else None)
+                walls[mode] = timer(go, reps=2)
+            return walls
+
+        walls = guarded(walker, errors, "walker yielded vs drained")
+        if isinstance(walls, dict):
+            res["walker_prime_4096_drained_s"] = walls["drained"]
+            res["walker_prime_4096_yielded_s"] = walls["yielded"]
+            res["yield_overhead_pct"] = 100.0 * (walls["yielded"] - walls["drained"]) / walls["drained"]
+    res["profile"] = {}
+    if "profile" not in skip:
+        res["profile"]["decode_512"] = guarded(lambda: profile_step(eng, "decode_512", ids512), errors,
+                                               "profile decode 512")
+        for n in rep.PROFILE_LENGTHS:
+            t = rep.curve_entry(curve, n).get("primewalk_s")
+            if n in lengths and isinstance(t, float) and fits(1.5 * t + 20):
+                res["profile"][f"prime_{n}"] = guarded(lambda: profile_step(eng, f"prime_{n}", ids), errors,
+                                                       f"profile prime {n}")
+        res["profile"] = {k: v for k, v in res["profile"].items() if isinstance(v, dict)}
+    res["attention_tflops_32768"] = attention_tflops(eng, res["profile"], 32768)
+    res["attention_tflops_4096"] = attention_tflops(eng, res["profile"], 4096)
+    res["peak_used_bytes"] = max(peaks.values(), default=None)
     return eng, res
 
 
@@ -304,7 +497,19 @@ def logits_check(eng, model_fp32_logits, ids):
     return float(np.abs(ours_l - ref).max() / np.abs(ref).max())
 
 
-def run_bench(out_path, commit=None, quick=False, seed=0):
+def _git_commit(root):
+    try:
+        import subprocess
+
+        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(), budget_s=DEFAULT_BUDGET_S):
+    """The whole bench (module docstring) in one time box of ``budget_s`` seconds; writes the
+    JSON at ``out_path`` and the curve's figure beside it. Returns the result."""
     try:
         import torch
     except ImportError:
@@ -312,98 +517,151 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     from ..engine import backend as bk
     from ..engine.threads import machine_load
     from ..engine.weights import load_checkpoint
+    from ..matrix.builtin import REPO
+    from .evidence import evidence_block
 
-    gpu = bk.get_backend("cuda")
+    bad = set(skip) - set(SKIPPABLE)
+    if bad:
+        raise PrimewalkError(f"bench --skip: unknown {sorted(bad)} (choose from {', '.join(SKIPPABLE)})")
+    lengths = sorted({int(n) for n in (lengths or (rep.CURVE_LENGTHS[:2] if quick else rep.CURVE_LENGTHS))})
+    skip, budget, t_all = set(skip), Budget(budget_s), time.perf_counter()
+    load0 = machine_load()
+    gpu = bk.get_backend(BACKEND)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    timer = Timer(torch.cuda.synchronize)
+    timer = Timer(_sync)
     rng = np.random.default_rng(seed)
-    ids4096 = rng.integers(0, BENCH_8L["vocab_size"], 4096).tolist()
-    ids512 = ids4096[:512]
-    t_all, load0 = time.perf_counter(), machine_load()
+    ids = rng.integers(0, BENCH_8L["vocab_size"], max(lengths + [4096])).tolist()
+    ids512 = ids[:512]
+    errors = {}
     with tempfile.TemporaryDirectory() as folder:
         model = build_hf_model(folder, seed)
         ck = with_mtp_head(load_checkpoint(folder), seed + 1)
     weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
-    errors = {}
-
-    def attempt(name, fn, default=None):
-        try:
-            return fn()
-        except Exception as e:  # keep the other measures of a one-shot device run
-            errors[name] = f"{type(e).__name__}: {e}"
-            print(f"[bench] {name} failed: {errors[name]}", flush=True)
-            return default
-
-    nan = float("nan")
-    hf = {}
-    hf["fp32"] = attempt("hf fp32", lambda: hf_anchors(model, ids4096, ids512, timer, "fp32"),
-                         {"prime_4096_s": nan, "prime_4096_tokens_per_s": nan, "decode_ms_per_token": nan})
-    with torch.no_grad():
-        ref_logits = model.to("cuda", torch.float32)(torch.tensor([ids4096[:64]], device="cuda")).logits[0].float().cpu().numpy()
-    hf["bf16"] = attempt("hf bf16", lambda: hf_anchors(model, ids4096, ids512, timer, "bf16"), dict(hf["fp32"]))
-    del model
-    torch.cuda.empty_cache()
     sgemm, bw = torch_anchors(timer)
-    torch.cuda.empty_cache()
-    eng, mine = ours(ck, ids4096, ids512, timer, quick)
-    mine["logits_rel_err_vs_hf_fp32"] = logits_check(eng, ref_logits, ids4096[:64])
+    curve = rep.new_curve(lengths)
+    hf, ref_logits = {"fp32": {}, "bf16": {}}, None
+    for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.12)):
+        if "hf" in skip or (name == "bf16" and "hf-bf16" in skip):
+            continue
+        m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
+        if isinstance(m, str):
+            continue
+        rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors,
+                      runs=lambda n: sum(curve_reps(n, lengths[0])))
+        hf[name]["decode_ms_per_token"] = guarded(lambda: hf_decode_ms(m, ids512, timer), errors, f"hf {name} decode")
+        t = rep.curve_entry(curve, 4096).get(f"hf_{name}_s")
+        if isinstance(t, float):
+            hf[name].update(prime_4096_s=t, prime_4096_tokens_per_s=4096 / t)
+        if name == "fp32":
+            with torch.no_grad():
+                ref_logits = guarded(lambda: m(torch.tensor([ids[:64]], device=DEVICE)).logits[0].float().cpu().numpy(),
+                                     errors, "hf fp32 reference logits")
+        del m
+    del model
+    rep.free_device_memory()
+    free0 = device_context().get_memory_info()[0]
+    got = guarded(lambda: ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0), errors, "primewalk")
+    eng, mine = got if isinstance(got, tuple) else (None, {})  # a failed engine still leaves the JSON
+    if eng is not None and isinstance(ref_logits, np.ndarray):
+        mine["logits_rel_err_vs_hf_fp32"] = guarded(lambda: logits_check(eng, ref_logits, ids[:64]), errors,
+                                                    "logits check")
     floor_ms = weight_bytes / bw * 1e3
-    all_weight_bytes = sum(a.nbytes for a in ck.tensors.values())
+    mine["bf16"] = {NA: "skipped"}
+    if "bf16" not in skip:
+        def bf16_decode():
+            e16, why = bf16_engine(ck)
+            if e16 is None:
+                return {NA: why}
+            s = e16.new_session(512 + 128)
+            e16.prime(s, ids512)
+            return {"decode_512_ms_per_token": decode_ms(e16, s)}
+
+        got16 = guarded(bf16_decode, errors, "bf16 decode")
+        mine["bf16"] = got16 if isinstance(got16, dict) else {NA: got16}
+    stdlib = SKIPPED
+    if "stdlib" not in skip and budget.left() > 60:
+        stdlib = guarded(lambda: stdlib_spec(SPEC_KS), errors, "stdlib-small spec")
+
+    def over(a, b):
+        return a / b if isinstance(a, float) and isinstance(b, float) and b else None
+
     ratios = {
-        "decode_512_over_floor": mine["decode_512_ms_per_token"] / floor_ms,
-        "decode_32k_over_floor": mine["decode_32k_ms_per_token"] / floor_ms,
-        "decode_speedup_vs_hf_fp32": hf["fp32"]["decode_ms_per_token"] / mine["decode_512_ms_per_token"],
-        "prime_vs_hf_fp32": mine["prime_4096_tokens_per_s"] / hf["fp32"]["prime_4096_tokens_per_s"],
-        "peak_over_weights_bytes": mine["peak_used_bytes"] - mine["weights_on_device_bytes"],
+        "decode_512_over_floor": over(mine.get("decode_512_ms_per_token"), floor_ms),
+        "decode_32k_over_floor": over(mine.get("decode_32k_ms_per_token"), floor_ms),
+        "decode_speedup_vs_hf_fp32": over(hf["fp32"].get("decode_ms_per_token"), mine.get("decode_512_ms_per_token")),
+        "prime_vs_hf_fp32": over(mine.get("prime_4096_tokens_per_s"), hf["fp32"].get("prime_4096_tokens_per_s")),
+        "peak_over_weights_bytes": (None if mine.get("peak_used_bytes") is None
+                                    else mine["peak_used_bytes"] - mine.get("weights_on_device_bytes", 0)),
+        "yield_overhead_pct": mine.get("yield_overhead_pct"),
     }
-    goals = {
-        "decode_512 <= 1.5 x floor": ratios["decode_512_over_floor"] <= 1.5,
-        "decode_32k <= 2 x floor": ratios["decode_32k_over_floor"] <= 2.0,
-        "prime_4096 >= 0.7 x hf fp32": ratios["prime_vs_hf_fp32"] >= 0.7,
-        "yield overhead <= 2 %": mine["yield_overhead_pct"] <= 2.0,
-        "peak <= weights + 2 GB at 32k": ratios["peak_over_weights_bytes"] <= 2 * 1024 ** 3,
-    }
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = {
-        "kind": "bench", "schema_version": 1, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": gpu.device_name(), "driver": gpu.driver(), "commit": commit,
+        "kind": "bench", "schema_version": 2, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
+        "lengths": lengths, "skip": sorted(skip), "budget_s": budget_s,
+        "created": now, "date": now, "device": gpu.device_name(), "driver": gpu.driver(),
+        "commit": commit or os.environ.get("PRIMEWALK_COMMIT") or _git_commit(REPO),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "weights_bytes_decode": weight_bytes, "weights_bytes_all": all_weight_bytes,
-        "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
-        "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
-        "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
+        "weights_bytes_decode": weight_bytes, "weights_bytes_all": sum(a.nbytes for a in ck.tensors.values()),
+        "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "decode_floor_bf16_ms": floor_ms / 2,
+        "sgemm": sgemm, "hf": hf, "prime_curve": curve, "primewalk": mine, "stdlib_small": stdlib,
+        "ratios": ratios, "errors": errors,
         "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
-        **evidence_block(REPO),
     }
+    result["goals"] = rep.goals_block(result)
+    result.update(evidence_block(REPO))
+    result["wall_s"] = round(time.perf_counter() - t_all, 1)
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
+    result["figure"] = guarded(lambda: rep.write_curve_plot(result, out_path), errors, "curve figure")
     return result
 
 
 def table(r) -> str:
-    m, hf = r["primewalk"], r["hf"]
-    rows = [
-        ("prime 4096 tok/s", m["prime_4096_tokens_per_s"], hf["fp32"]["prime_4096_tokens_per_s"], hf["bf16"]["prime_4096_tokens_per_s"]),
-        ("decode @512 ms/tok", m["decode_512_ms_per_token"], hf["fp32"]["decode_ms_per_token"], hf["bf16"]["decode_ms_per_token"]),
-        (f"decode @{m['context_32k']} ms/tok", m["decode_32k_ms_per_token"], float("nan"), float("nan")),
-    ]
-    if "decode_512_uncaptured_ms_per_token" in m:
-        rows.insert(2, ("  uncaptured @512", m["decode_512_uncaptured_ms_per_token"], float("nan"), float("nan")))
-    out = [f"{'measure':24s} {'primewalk':>12s} {'hf fp32':>12s} {'hf bf16':>12s}"]
-    out += [f"{a:24s} {b:12.3f} {c:12.3f} {d:12.3f}" for a, b, c, d in rows]
-    for k, v in m["spec"].items():
-        out.append(f"spec {k}: {v['spec_tokens_per_s']:.1f} tok/s (plain {v['plain_tokens_per_s']:.1f}), draft step "
-                   f"{v['draft_step_ms']:.2f} ms, verify step {v['verify_step_ms']:.2f} ms, same tokens {v['same_tokens']}")
-    out.append(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; decode floor {r['decode_floor_ms']:.3f} ms/token; "
-               f"sgemm {max(x['tflops'] for x in r['sgemm'].values()):.1f} TFLOP/s")
-    out.append(f"yield overhead {m['yield_overhead_pct']:.2f} %; GDN recurrence share of prime "
-               f"{100 * m['gdn_recurrence_share_of_prime']:.1f} %; peak used {m['peak_used_bytes'] / 2**30:.2f} GiB "
-               f"(weights {r['weights_bytes_all'] / 2**30:.2f} GiB); logits rel err vs hf fp32 {m['logits_rel_err_vs_hf_fp32']:.2e}")
-    for k, v in r["ratios"].items():
-        out.append(f"ratio {k}: {v:.3f}" if isinstance(v, float) else f"ratio {k}: {v}")
-    for k, v in r["goals"].items():
-        out.append(f"goal {k}: {'met' if v else 'NOT met'}")
-    for step, p in m.get("profile", {}).items():
-        top = ", ".join(f"{k} {v['s'] * 1e3:.2f} ms/{v['calls']}" for k, v in list(p["ops"].items())[:6])
+    """The bench's printed summary (either JSON schema)."""
+    v = rep._v
+    m, hf = r["primewalk"], r.get("hf", {})
+    nan = "-"
+    out = [f"{r.get('model')} on {r.get('device')} (driver {r.get('driver')}), commit {str(r.get('commit'))[:10]}, "
+           f"{r.get('created')}, wall {r.get('wall_s')} s"]
+    if r.get("prime_curve"):
+        out.append("prime curve (s):")
+        out.append(f"  {'tokens':>8s} {'primewalk':>10s} {'hf fp32':>10s} {'hf bf16':>10s} {'peak GiB':>9s}")
+        for e in r["prime_curve"]:
+            pk = e.get("peak_bytes")
+            out.append(f"  {e['tokens']:>8d} {v(e.get('primewalk_s')):>10s} {v(e.get('hf_fp32_s')):>10s} "
+                       f"{v(e.get('hf_bf16_s')):>10s} {nan if pk is None else f'{pk / 2 ** 30:.2f}':>9s}")
+    rows = [("prime 4096 tok/s", m.get("prime_4096_tokens_per_s"), hf.get("fp32", {}).get("prime_4096_tokens_per_s"),
+             hf.get("bf16", {}).get("prime_4096_tokens_per_s")),
+            ("decode @512 ms/tok", m.get("decode_512_ms_per_token"), hf.get("fp32", {}).get("decode_ms_per_token"),
+             hf.get("bf16", {}).get("decode_ms_per_token")),
+            ("  uncaptured @512", m.get("decode_512_uncaptured_ms_per_token"), None, None),
+            (f"decode @{m.get('context_32k', '32k')} ms/tok", m.get("decode_32k_ms_per_token"), None, None)]
+    out.append(f"{'measure':24s} {'primewalk':>12s} {'hf fp32':>12s} {'hf bf16':>12s}")
+    out += [f"{a:24s} {v(b):>12s} {v(c):>12s} {v(d):>12s}" for a, b, c, d in rows if b is not None]
+    for label, spec in (("bench-8l", m.get("spec") or {}),
+                        ("stdlib-small", (r.get("stdlib_small") or {}).get("spec", {}) if isinstance(r.get("stdlib_small"), dict) else {})):
+        for k, s in spec.items():
+            out.append(f"spec {label} {k}: {s['spec_tokens_per_s']:.1f} tok/s (plain {s['plain_tokens_per_s']:.1f}), "
+                       f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms, "
+                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}")
+    sg = r.get("sgemm") or {}
+    out.append(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; decode floor {r['decode_floor_ms']:.3f} "
+               f"ms/token; sgemm {max((x['tflops'] for x in sg.values()), default=float('nan')):.1f} TFLOP/s")
+    if isinstance(m.get("gemm"), dict):
+        out.append(f"primewalk GEMM {m['gemm']['tflops']:.1f} TFLOP/s on the bench shapes; attention at 32768 "
+                   f"{v(m.get('attention_tflops_32768'))} TFLOP/s")
+    for k, x in (r.get("ratios") or {}).items():
+        out.append(f"ratio {k}: {v(x)}")
+    for k, g in (r.get("goals") or {}).items():
+        if isinstance(g, dict):
+            met = {True: "met", False: "NOT met"}.get(g["met"], str(g["met"]))
+            out.append(f"goal {k}: {v(g['value'])} (goal {g['goal']}): {met}")
+        else:
+            out.append(f"goal {k}: {'met' if g else 'NOT met'}")
+    for step, p in (m.get("profile") or {}).items():
+        ops = sorted(p["ops"].items(), key=lambda kv: -kv[1]["s"])[:6]
+        top = ", ".join(f"{k} {x['s'] * 1e3:.2f} ms/{x['calls']}" for k, x in ops)
         out.append(f"profile {step} ({p['total_s'] * 1e3:.1f} ms with syncs): {top}")
+    for k, e in (r.get("errors") or {}).items():
+        out.append(f"note {k}: {e}")
     return "\n".join(out)

@@ -1,0 +1,298 @@
+"""The device-free half of ``harness bench``: the time box, the out-of-memory guard, the prime
+length curve, the goals of issues #15 and #16, the curve's figure, and the tables.
+
+Everything here runs on a CPU (``tests/test_bench.py`` drives it with fakes); what measures
+on the GPU is in :mod:`harness.gpu.bench`.
+
+JSON (``receipts/bench/*.json``, ``schema_version`` 2) written by the bench and read here:
+
+- ``prime_curve``: one entry per prompt length, ``{"tokens", "primewalk_s", "hf_fp32_s",
+  "hf_bf16_s", "peak_bytes"}``; a time is seconds, ``"oom"`` (out of device memory, caught and
+  freed), ``"skipped"`` (time box or ``--skip``) or ``"error"``.
+- ``goals``: ``{name: {"value", "goal", "met"}}``; ``met`` is true / false, or ``"n/a"`` with
+  value ``"n/a"`` when the run could not measure it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+
+OOM, SKIPPED, ERROR, NA = "oom", "skipped", "error", "n/a"
+GB = 10 ** 9
+#: issue #15: the 131,072-token prime's peak device memory may exceed the weights by this much
+PEAK_ALLOWANCE_BYTES = 12 * GB
+CURVE_LENGTHS = (4096, 16384, 32768, 131072)
+PROFILE_LENGTHS = (4096, 32768)
+RUNNERS = ("primewalk", "hf_fp32", "hf_bf16")
+
+
+# ------------------------------------------------------------------------------------------------
+# the time box and the out-of-memory guard
+# ------------------------------------------------------------------------------------------------
+class Budget:
+    """Seconds left of a time box. ``clock`` is injectable (tests)."""
+
+    def __init__(self, seconds: float, clock=time.perf_counter):
+        self.seconds, self.clock, self.t0 = float(seconds), clock, clock()
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.t0)
+
+    def sub(self, fraction: float) -> "Budget":
+        """A budget of ``fraction`` of what is left now, on the same clock."""
+        return Budget(max(0.0, fraction * self.left()), self.clock)
+
+
+def is_oom(e: BaseException) -> bool:
+    """Out of device memory: torch's ``OutOfMemoryError`` or a CUDA driver error saying so."""
+    if type(e).__name__ in ("OutOfMemoryError", "MemoryError"):
+        return True
+    text = str(e).lower()
+    return "out of memory" in text or "cuda_error_out_of_memory" in text
+
+
+def free_device_memory() -> None:
+    """Drop what an out-of-memory run left: Python garbage, torch's cache, numba's pending frees."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # pragma: no cover - torch absent or no GPU
+        pass
+    try:
+        from numba import cuda
+
+        if cuda.is_available():
+            cuda.current_context().deallocations.clear()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def guarded(fn, errors: dict, name: str, free=free_device_memory):
+    """``fn()``, or ``"oom"`` after an out-of-memory error (freed, not a failure), or ``"error"``
+    after any other exception (recorded in ``errors[name]``)."""
+    try:
+        return fn()
+    except Exception as e:  # one measure failing must not lose the rest of a one-shot run
+        if is_oom(e):
+            errors[name] = f"oom: {type(e).__name__}: {str(e)[:200]}"
+            free()
+            return OOM
+        errors[name] = f"{type(e).__name__}: {str(e)[:500]}"
+        print(f"[bench] {name} failed: {errors[name]}", flush=True)
+        free()
+        return ERROR
+
+
+def predict_s(n: int, done: list) -> float | None:
+    """A conservative guess of one prime of ``n`` tokens from the last measured (tokens,
+    seconds): quadratic in the length (attention), None when nothing was measured."""
+    pts = [(m, t) for m, t in done if isinstance(t, float) and t > 0]
+    if not pts:
+        return None
+    m, t = pts[-1]
+    return t * (n / m) ** 2
+
+
+def new_curve(lengths) -> list:
+    """``prime_curve`` entries for ``lengths``, every time ``"skipped"`` until a run fills it."""
+    return [{"tokens": int(n), **{f"{k}_s": SKIPPED for k in RUNNERS}, "peak_bytes": None} for n in lengths]
+
+
+def run_curve(curve: list, name: str, fn, budget: Budget | None, errors: dict, peak=None,
+              free=free_device_memory, runs=lambda n: 1) -> list:
+    """Fill ``curve``'s ``<name>_s`` (``name`` from :data:`RUNNERS`) with ``fn(n)`` seconds, in
+    order of length. A length is skipped when ``budget`` (a :class:`Budget`) has no time left or
+    :func:`predict_s` times ``runs(n)`` (the timed runs and warm-ups ``fn(n)`` makes) says it
+    would not fit; once a length ran out of memory the longer ones are
+    recorded ``"oom"`` without running. ``peak(n)``: bytes the run of ``n`` tokens used, called
+    right after a successful run (into ``peak_bytes``)."""
+    done, oomed = [], False
+    for e in curve:
+        n, key = e["tokens"], f"{name}_s"
+        guess = predict_s(n, done)
+        guess = None if guess is None else guess * runs(n)
+        if oomed:
+            e[key] = OOM
+        elif budget is not None and (budget.left() <= 0 or (guess is not None and guess > budget.left())):
+            e[key] = SKIPPED
+            errors[f"{name} prime {n}"] = (f"time box: predicted {guess:.1f} s, {budget.left():.1f} s left"
+                                           if guess is not None else "time box: no time left")
+        else:
+            t = guarded(lambda: fn(n), errors, f"{name} prime {n}", free)
+            e[key] = t
+            oomed = t == OOM
+            done.append((n, t))
+            if peak is not None and isinstance(t, float):
+                e["peak_bytes"] = int(peak(n))
+        print(f"[bench] prime {n} {name}: {_fmt(e[key])}", flush=True)
+    return curve
+
+
+def _fmt(v, unit=" s", digits=3) -> str:
+    return f"{v:.{digits}f}{unit}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# FLOPs
+# ------------------------------------------------------------------------------------------------
+def causal_attention_flops(n: int, heads: int, head_dim: int, layers: int, start: int = 0) -> int:
+    """FLOPs of causal attention over ``n`` query rows after ``start`` cached positions: row i
+    sees ``start + i + 1`` keys; QKᵀ and PV are 2·D FLOPs per (query, key, head) each."""
+    keys = n * start + n * (n + 1) // 2
+    return 4 * head_dim * heads * layers * keys
+
+
+def gemm_flops(m: int, k: int, n: int) -> int:
+    return 2 * m * k * n
+
+
+# ------------------------------------------------------------------------------------------------
+# goals
+# ------------------------------------------------------------------------------------------------
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _goal(value, goal: str, ok) -> dict:
+    if value is None:
+        return {"value": NA, "goal": goal, "met": NA}
+    return {"value": value, "goal": goal, "met": bool(ok(value))}
+
+
+def curve_entry(curve, n):
+    return next((e for e in curve if e["tokens"] == n), {})
+
+
+def goals_block(r: dict) -> dict:
+    """Every goal of issues #15 (long-context prime) and #16 (decode, speculative decoding) from a
+    bench result ``r``: ``{name: {"value", "goal", "met"}}``."""
+    curve, m = r.get("prime_curve", []), r.get("primewalk", {})
+    g = {}
+
+    def ratio(n):
+        e = curve_entry(curve, n)
+        ours, hf = _num(e.get("primewalk_s")), _num(e.get("hf_fp32_s"))
+        return None if ours is None or hf is None or ours <= 0 else hf / ours  # tokens/s ratio
+
+    g["prime_4096_vs_hf_fp32"] = _goal(ratio(4096), ">= 0.6 x HF fp32 tokens/s", lambda v: v >= 0.6)
+    g["prime_16384_vs_hf_fp32"] = _goal(ratio(16384), ">= 1.0 x HF fp32 tokens/s", lambda v: v >= 1.0)
+    g["prime_32768_s"] = _goal(_num(curve_entry(curve, 32768).get("primewalk_s")), "<= 2.5 s", lambda v: v <= 2.5)
+    g["prime_131072_s"] = _goal(_num(curve_entry(curve, 131072).get("primewalk_s")), "<= 30 s", lambda v: v <= 30)
+    peak, wts = _num(curve_entry(curve, 131072).get("peak_bytes")), _num(m.get("weights_on_device_bytes"))
+    over = None if peak is None or wts is None else peak - wts
+    g["prime_131072_peak_over_weights_bytes"] = _goal(over, f"<= {PEAK_ALLOWANCE_BYTES // GB} GB",
+                                                      lambda v: v <= PEAK_ALLOWANCE_BYTES)
+    g["attention_tflops_32768"] = _goal(_num(m.get("attention_tflops_32768")), ">= 15 TFLOP/s", lambda v: v >= 15)
+    gemm = m.get("gemm") if isinstance(m.get("gemm"), dict) else {}
+    g["gemm_tflops"] = _goal(_num(gemm.get("tflops")), ">= 25 TFLOP/s on the bench shapes",
+                             lambda v: v >= 25)
+    floor = _num(r.get("decode_floor_ms"))
+
+    def over_floor(key, f=floor):
+        v = _num(m.get(key))
+        return None if v is None or not f else v / f
+
+    g["decode_512_over_floor"] = _goal(over_floor("decode_512_ms_per_token"), "<= 1.5 x floor", lambda v: v <= 1.5)
+    g["decode_32k_over_floor"] = _goal(over_floor("decode_32k_ms_per_token"), "<= 2 x floor", lambda v: v <= 2.0)
+    spec = {k: v for k, v in (m.get("spec") or {}).items() if isinstance(v, dict)}
+    dec = _num(m.get("decode_512_ms_per_token"))
+    verify = [_num(v.get("verify_step_ms")) for k, v in sorted(spec.items()) if int(k[1:]) + 1 <= 5]
+    verify = [v for v in verify if v is not None]
+    g["verify_step_over_decode"] = _goal(max(verify) / dec if verify and dec else None,
+                                         "<= 1.2 x one decode step (K+1 <= 5 rows, worst K)", lambda v: v <= 1.2)
+    d3 = _num((spec.get("k3") or {}).get("draft_step_ms"))
+    g["draft_step_k3_over_decode"] = _goal(d3 / dec if d3 is not None and dec else None,
+                                           "<= 0.5 x one decode step", lambda v: v <= 0.5)
+    bf = m.get("bf16") if isinstance(m.get("bf16"), dict) else {}
+    bf_ms, bf_floor = _num(bf.get("decode_512_ms_per_token")), _num(r.get("decode_floor_bf16_ms"))
+    g["bf16_decode_512_over_bf16_floor"] = _goal(bf_ms / bf_floor if bf_ms is not None and bf_floor else None,
+                                                 "<= 1.5 x bf16 floor (n/a: no bf16-resident engine)",
+                                                 lambda v: v <= 1.5)
+    return g
+
+
+# ------------------------------------------------------------------------------------------------
+# the figure
+# ------------------------------------------------------------------------------------------------
+CURVE_LABELS = {"primewalk": "primewalk (exact, fp32)", "hf_fp32": "transformers fp32", "hf_bf16": "transformers bf16"}
+
+
+def prime_curve_figure(r: dict):
+    """Log-log prime time vs prompt length, one line per runner; out-of-memory points marked."""
+    from ..matrix.plots import _figure
+
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    curve = r.get("prime_curve", [])
+    for name, style in zip(RUNNERS, ("o-", "s--", "^:")):
+        pts = [(e["tokens"], e[f"{name}_s"]) for e in curve if _num(e.get(f"{name}_s")) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=CURVE_LABELS[name])
+        ooms = [e["tokens"] for e in curve if e.get(f"{name}_s") == OOM]
+        if ooms and pts:
+            ax.plot(ooms, [pts[-1][1]] * len(ooms), "x", color=ax.lines[-1].get_color(),
+                    label=f"{CURVE_LABELS[name]}: out of memory")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("prime time (s)")
+    ax.set_title(f"{r.get('model', '?')} on {r.get('device', '?')}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    return fig
+
+
+def write_curve_plot(r: dict, json_path: str) -> str:
+    """Write :func:`prime_curve_figure` next to the JSON (``<stem>.prime_curve.png``, the
+    plots' naming); returns the path."""
+    import os
+
+    import matplotlib
+
+    from ..atomic import write_bytes_atomic
+    from ..matrix.plots import png_bytes
+
+    path = os.path.splitext(json_path)[0] + ".prime_curve.png"
+    with matplotlib.style.context("default"):
+        write_bytes_atomic(path, png_bytes(prime_curve_figure(r)))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# tables
+# ------------------------------------------------------------------------------------------------
+def _v(v, digits=3):
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if abs(v) >= 1e6:
+        return f"{v / 2 ** 30:.2f} GiB" if float(v).is_integer() else f"{v:.3g}"
+    return f"{v:.{digits}f}"
+
+
+def goals_markdown(r: dict) -> str:
+    """The README's table: every goal with its value and whether it is met (numbers from ``r``)."""
+    rows = ["| goal | measured | target | met |", "|---|---|---|---|"]
+    for name, g in (r.get("goals") or {}).items():
+        if isinstance(g, dict):
+            met = {True: "yes", False: "no"}.get(g["met"], str(g["met"]))
+            rows.append(f"| {name} | {_v(g['value'])} | {g['goal']} | {met} |")
+        else:  # schema 1: name -> bool
+            rows.append(f"| {name} | | | {'yes' if g else 'no'} |")
+    return "\n".join(rows)
+
+
+def curve_markdown(r: dict) -> str:
+    rows = ["| prompt tokens | primewalk s | HF fp32 s | HF bf16 s | primewalk peak |", "|---|---|---|---|---|"]
+    for e in r.get("prime_curve", []):
+        peak = e.get("peak_bytes")
+        rows.append(f"| {e['tokens']:,} | {_v(e.get('primewalk_s'))} | {_v(e.get('hf_fp32_s'))} | "
+                    f"{_v(e.get('hf_bf16_s'))} | {'' if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
+    return "\n".join(rows)
