@@ -607,9 +607,9 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         "sgemm": sgemm, "hf": hf, "prime_curve": curve, "primewalk": mine, "stdlib_small": stdlib,
         "ratios": ratios, "errors": errors,
         "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
+        **evidence_block(REPO),
     }
     result["goals"] = rep.goals_block(result)
-    result.update(evidence_block(REPO))
     result["wall_s"] = round(time.perf_counter() - t_all, 1)
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
     result["figure"] = guarded(lambda: rep.write_curve_plot(result, out_path), errors, "curve figure")
