@@ -202,6 +202,13 @@ def op_cases():
     idx = np.array([[1, 5], [7, 0], [3, 2]], np.int32)
     case("moe_up", "R3-k2-I6-H40", (r(3, 40), r(8 * 6, 40), r(8 * 6, 40), idx, 6, np.zeros((6, 6), F32), 3), [5])
     case("moe_down", "R3-k2-I40-H8", (r(6, 40), r(8 * 8, 40), idx, 8, np.zeros((6, 8), F32), 3), [4])
+    # bf16 expert and embedding weights (uint16 bit patterns, widened exactly)
+    def b16(*shape):
+        return (r(*shape, scale=0.2).view(np.uint32) >> 16).astype(np.uint16)
+    case("moe_up", "bf16-R3-k2-I6-H40", (r(3, 40), b16(8 * 6, 40), b16(8 * 6, 40), idx, 6, np.zeros((6, 6), F32), 3),
+         [5])
+    case("moe_down", "bf16-R3-k2-I40-H8", (r(6, 40), b16(8 * 8, 40), idx, 8, np.zeros((6, 8), F32), 3), [4])
+    case("embed", "bf16-R3-V50-H8", (rng.integers(0, 50, 3).astype(np.int32), b16(50, 8), np.zeros((3, 8), F32)), [2])
     for shared in (True, False):
         case("moe_combine", f"shared{int(shared)}", (r(6, 8), rng.uniform(0, 1, (3, 2)).astype(F32), r(3, 8), r(3, 1),
                                                      shared, np.zeros((3, 8), F32), 3), [5])

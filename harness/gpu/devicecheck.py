@@ -66,6 +66,8 @@ def op_cases(rng, full: bool = True):
         add("linear", f"nonfinite-R{R}-K96-N70", (X, W, np.zeros((R, 70), F32), R), [2])
     ids = rng.integers(0, 260, 9).astype(np.int32)
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
+    add("embed", "bf16-R9-V260-H64", (ids, (_r(rng, 260, 64).view(np.uint32) >> 16).astype(np.uint16),
+                                      np.zeros((9, 64), F32)), [2])
     for R, N in ([(5, 2048), (64, 64)] if full else [(64, 64)]):
         add("rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32), N, R), [3])
         add("add", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, R, N), np.zeros((R, N), F32), R), [2])
@@ -136,6 +138,9 @@ def op_cases(rng, full: bool = True):
              np.zeros((R * k, I), F32), R), [5])
         add("moe_down", f"R{R}-E{E}-k{k}-I{I}-H{H}",
             (_r(rng, R * k, I), _r(rng, E * H, I, scale=I ** -0.5), idx, H, np.zeros((R * k, H), F32), R), [4])
+        b16 = (_r(rng, E * I, H, scale=H ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
+        add("moe_up", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}", (_r(rng, R, H), b16, b16, idx, I, np.zeros((R * k, I), F32), R),
+            [5])
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
              np.zeros((R, H), F32), R), [5])
