@@ -1,7 +1,8 @@
 """Every digest primewalk records, one definition each; everything else imports them.
 
 A digest is the SHA-256 of a tagged, fixed-order byte string: lengths and shapes as
-little-endian int64, float values as their little-endian float32 bits. Equal digests mean equal
+little-endian int64, float values as their little-endian float32 bits (every NaN as one
+canonical NaN: :func:`canonical_f32`). Equal digests mean equal
 bits; the tags (``primewalk-cache/1`` …) version each layout.
 
 - :func:`cache_digest`: a session's state (a live :class:`~harness.engine.cache.Cache` or a
@@ -21,10 +22,29 @@ import json
 import numpy as np
 
 
+CANONICAL_NAN = np.uint32(0x7FC00000)
+
+
+def canonical_f32(a) -> np.ndarray:
+    """``a`` as float32 with every NaN replaced by the one canonical NaN (bits 0x7fc00000).
+
+    The arithmetic contract fixes every finite and infinite result bit for bit, and where a NaN
+    arises, but not a NaN's sign or payload: IEEE leaves them to the hardware (the GPU's fma
+    returns 0x7fffffff, the CPU propagates an input's payload). So every digest and every bitwise
+    comparison sees one canonical NaN; NaN against a number still differs. (The engine raises on
+    a non-finite hidden row or logit before any NaN reaches a receipt.)"""
+    host = np.ascontiguousarray(a.copy_to_host() if hasattr(a, "copy_to_host") else a, dtype="<f4")
+    nan = np.isnan(host)
+    if nan.any():
+        host = host.copy()
+        host.view(np.uint32)[nan] = CANONICAL_NAN
+    return host
+
+
 def _f32_bytes(a) -> bytes:
-    """The little-endian float32 bits of a host (numpy) or device array, row-major."""
-    host = a.copy_to_host() if hasattr(a, "copy_to_host") else a
-    return np.ascontiguousarray(host, dtype="<f4").tobytes()
+    """The little-endian float32 bits of a host (numpy) or device array, row-major, every NaN
+    canonical (:func:`canonical_f32`)."""
+    return canonical_f32(a).tobytes()
 
 
 def _i64_bytes(values) -> bytes:
