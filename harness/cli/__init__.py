@@ -4,7 +4,8 @@
   console display of a run);
 - :mod:`.walk`: ``check``, ``generate``;
 - :mod:`.logits`: ``logits``;
-- :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``.
+- :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``;
+- :mod:`.bisect`: ``bisect``.
 
 Every user error (bad ids, unreadable checkpoints, invalid configs, unusable specs) exits 2 with
 one line on stderr; no traceback. Commands use the embedded tiny model unless ``--model`` is
@@ -17,7 +18,7 @@ import argparse
 import sys
 
 from ..errors import PrimewalkError
-from . import gpu, logits, matrix, walk
+from . import bisect, gpu, logits, matrix, walk
 
 EPILOG = """examples:
   harness run-matrix                          # default schedule matrix on the tiny model (CPU)
@@ -29,7 +30,7 @@ EPILOG = """examples:
   harness device-check --out receipts/device/h200-device-check.json
 """
 
-COMMAND_GROUPS = (matrix, walk, logits, gpu)  # each registers its subcommands, in this order
+COMMAND_GROUPS = (matrix, walk, logits, gpu, bisect)  # each registers its subcommands, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,7 +77,7 @@ def cmd_run_matrix(args) -> int:
                                  f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
                                  + ", ".join(why))
     out = spec.golden if args.update_golden else (args.out or default_out(spec, shard))
-    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet))
+    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), bisect_failures=args.bisect_failures)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
     if args.update_golden and failed:
         out = default_out(spec, shard)
@@ -135,6 +135,8 @@ def _register_run_matrix(subparsers) -> None:
                    help="write the spec's golden receipt, receipts/golden/<stem>.json (built-in specs "
                         "under harness/specs/ only, cpu backend, no --out/--shard/--model)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no per-cell lines")
+    p.add_argument("--bisect-failures", action="store_true",
+                   help="bisect each failed cell against its oracle (harness bisect) into its receipt entry")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
     p.set_defaults(func=cmd_run_matrix)
 

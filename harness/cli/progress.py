@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..matrix.bisect import headline
 from ..matrix.runner import SilentProgress
 
 
@@ -26,6 +27,8 @@ def cell_line(c: dict) -> str:
         if v.get("max_ulp") is not None:
             extra.append(f"{v['max_ulp']} ulp")
         text += f" — {v['detail']}" + (f" ({', '.join(extra)})" if extra else "")
+    if c.get("bisect"):
+        text += f"; bisect: {headline(c['bisect'])}"
     return text
 
 

@@ -2,7 +2,8 @@
 
 =================  ===========================================================================
 verdicts           grid: rows = prompt / K / sampling, columns = schedule variants; bitwise green,
-                   tolerance amber, fail red, missing grey
+                   tolerance amber, fail red, missing grey; a bisected failure names the layer,
+                   op and row where it started
 acceptance         acceptance rate per draft position, a line per K
 acceptance_len     mean acceptance length (1 + accepted / drafts) vs K, a line per sampling
 prime_throughput   prime tokens/s per schedule variant and chunk size (median, min-max whiskers)
@@ -171,6 +172,7 @@ def verdicts_figure(receipt: dict) -> Figure:
             text = {"bitwise": "=", "tolerance": f"{v.get('max_ulp')} ulp", "fail": "fail"}[v["status"]]
             if c.get("oracle") == c.get("id"):
                 text = "oracle"
+            text += failure_start(c)
             ax.text(j, i, text, ha="center", va="center", fontsize=7,
                     color="white" if v["status"] == "fail" else "black")
     ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
@@ -186,6 +188,15 @@ def verdicts_figure(receipt: dict) -> Figure:
     fig.legend(handles=[Patch(color=STATUS_COLOURS[n], label=f"{n} ({counts[n]})") for n in names],
                loc="outside lower center", ncols=len(names), fontsize=8, frameon=False)
     return fig
+
+
+def failure_start(cell: dict) -> str:
+    """Where a failed cell's run first parted from its oracle's (``run-matrix --bisect-failures``),
+    as a second line for its square: ``\n2:recurrence r70``; empty without a bisection."""
+    d = (cell.get("bisect") or {}).get("divergence")
+    if cell["verdict"]["status"] != "fail" or not d:
+        return ""
+    return f"\n{d['layer']}:{d['op']} r{d['row']}"
 
 
 def _by(cells, key):

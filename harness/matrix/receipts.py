@@ -24,7 +24,12 @@ Schema version 1::
                 "acceptance": {"drafts", "accepted", "mean_acceptance_length",
                                "per_position": [K floats], "histogram": [K+1 ints]},
                 "timings": {"prime_s", "prime_tokens_per_s", "chunk_wall_s": [...],
-                            "decode_tokens_per_s", "spec_tokens_per_s"}}, ...]}
+                            "decode_tokens_per_s", "spec_tokens_per_s"},
+                "bisect"?: {"a", "b", "divergence", "spread", "compared", "only_a", "only_b",
+                            "wall_s"}}, ...]}
+
+``bisect`` is there only for a failed cell of ``run-matrix --bisect-failures``
+(:func:`harness.matrix.bisect.bisect_failure`).
 
 Which fields a diff compares and which are only recorded is the one table :data:`FIELD_ROLES`.
 Floats must be finite (JSON has no NaN): a non-finite number is refused at write time.
@@ -70,6 +75,7 @@ FIELD_ROLES = (
     ("cell", "acceptance.accepted", COMPARED),
     ("cell", "acceptance.histogram", COMPARED),
     ("cell", "timings.*", INFORMATIONAL),
+    ("cell", "bisect.*", INFORMATIONAL),
     ("receipt", "env.*", INFORMATIONAL),
     ("receipt", "created", INFORMATIONAL),
     ("receipt", "wall_s", INFORMATIONAL),

@@ -66,12 +66,15 @@ def _finite(x):
     return x if math.isfinite(x) else None
 
 
-def run_cell(engine, cell: Cell, ids: list, max_new: int) -> Raw:
+def run_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> Raw:
     """Prime ``ids`` under the cell's schedule, continue speculatively, then plainly from a
-    snapshot of the primed cache on a second session (so the digests are untouched)."""
+    snapshot of the primed cache on a second session (so the digests are untouched). ``trace``:
+    a :class:`~harness.engine.trace.Trace` recording the cell's session (prime and speculative
+    continuation)."""
     tp = len(ids)
     cap = capacity(tp, max_new, cell.k)
     sess = engine.new_session(cap)
+    sess.trace = trace
     hook = None
     if cell.yielded:
         hook = Peer(engine, prompt_len=PEER_PROMPT_LEN, seed=PEER_SEED).step
@@ -224,11 +227,12 @@ class SilentProgress:
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
-               progress: SilentProgress | None = None) -> dict:
+               progress: SilentProgress | None = None, bisect_failures: bool = False) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
-    :class:`SilentProgress`, the default)."""
+    :class:`SilentProgress`, the default); ``bisect_failures``: bisect every failed cell against
+    its oracle (:mod:`harness.matrix.bisect`) into its entry's ``bisect`` field."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     cells, notes = expand(spec)
@@ -269,6 +273,10 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
                 "continuation": {"tokens": list(raw.tokens)},
                 "acceptance": dict(raw.acceptance), "timings": dict(raw.timings),
             }
+            if bisect_failures and entry["verdict"]["status"] == "fail":
+                from .bisect import bisect_failure  # bisect runs cells through this module
+
+                entry["bisect"] = bisect_failure(m.engine, cell, by_id[cell.oracle], ids, spec.max_new_tokens)
             out.append(entry)
             progress.done(entry)
     finally:
