@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -31,9 +32,10 @@ from ..engine.trace import PASSES, StopTrace, Trace, first_divergence, op_list, 
 from ..engine.weights import load_checkpoint
 from ..errors import PrimewalkError
 from ..walk.check import oracle_prime
+from ..walk.speculative import continue_spec
 from .cells import expand
 from .receipts import env_info, utc_now
-from .runner import run_cell, ulp_distance
+from .runner import prime_cell, run_cell, ulp_distance
 from .specfile import EMBEDDED, MatrixSpec, parse_spec
 
 KIND = "bisect"
@@ -171,8 +173,7 @@ def schedule_sides(model, prompt_len, sched_a, sched_b, backend_a="cpu", backend
         try:
             spec = parse_spec(data, where=f"--{name} {text}")
         except PrimewalkError as e:  # name the schedule, not the spec key it became
-            raise PrimewalkError(str(e).replace(" variants[1].at:", "").replace(" variants[1].", " ")
-                                 .replace(" variants[1]:", "")) from None
+            raise PrimewalkError(re.sub(r" variants\[1\](\.\w+)?:", "", str(e))) from None
         cells, notes = expand(spec)
         if variant != "unyielded" and len(cells) < 2:
             why = notes[-1].split(": ", 1)[-1] if notes else "no cell"
@@ -229,6 +230,27 @@ def bisect(a: Side, b: Side, fault: str | None = None, model: dict | None = None
         out["spread"] = _spread(ta, np.concatenate([[key], cmp["later"]]).astype(np.int64))
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def trace_overhead(side: Side, repeats: int = 5) -> tuple:
+    """(untraced, traced) CPU seconds of one run of ``side``, the best of ``repeats`` each after a
+    warm-up of both. CPU time on one Numba thread, not wall time: the ratio then measures the
+    work a trace adds, also on a shared machine (idle worker threads would count as busy)."""
+    import numba
+    def once(trace):  # what a trace records: the cell's prime and speculative continuation
+        t0 = time.process_time()
+        sess, run = prime_cell(side.engine, side.cell, side.ids, side.max_new, trace)
+        continue_spec(side.engine, sess, run.prepared, side.max_new, side.cell.k, side.cell.sampling)
+        return time.process_time() - t0
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        once(None), once(Trace(side.engine))
+        return (min(once(None) for _ in range(repeats)),
+                min(once(Trace(side.engine)) for _ in range(repeats)))
+    finally:
+        numba.set_num_threads(threads)
 
 
 def bisect_failure(engine, cell, oracle, ids, max_new) -> dict:

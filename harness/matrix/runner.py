@@ -66,22 +66,27 @@ def _finite(x):
     return x if math.isfinite(x) else None
 
 
-def run_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> Raw:
-    """Prime ``ids`` under the cell's schedule, continue speculatively, then plainly from a
-    snapshot of the primed cache on a second session (so the digests are untouched). ``trace``:
-    a :class:`~harness.engine.trace.Trace` recording the cell's session (prime and speculative
-    continuation)."""
-    tp = len(ids)
-    cap = capacity(tp, max_new, cell.k)
-    sess = engine.new_session(cap)
+def prime_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> tuple:
+    """A new session primed with ``ids`` under the cell's schedule: (session, PrimeRun).
+    ``trace``: a :class:`~harness.engine.trace.Trace` recording the session from here on."""
+    sess = engine.new_session(capacity(len(ids), max_new, cell.k))
     sess.trace = trace
     hook = None
     if cell.yielded:
         hook = Peer(engine, prompt_len=PEER_PROMPT_LEN, seed=PEER_SEED).step
-    run = run_prime(engine, sess, ids, cell.k, sampling=cell.sampling, yield_hook=hook,
-                    prime_split=cell.split, chunk_rows=cell.chunk_rows or DEFAULT_CHUNK_ROWS,
-                    fill_chunk=cell.fill_chunk, tokenwise=cell.tokenwise, capture_at=cell.split,
-                    ckpt_at=cell.checkpoint)
+    return sess, run_prime(engine, sess, ids, cell.k, sampling=cell.sampling, yield_hook=hook,
+                           prime_split=cell.split, chunk_rows=cell.chunk_rows or DEFAULT_CHUNK_ROWS,
+                           fill_chunk=cell.fill_chunk, tokenwise=cell.tokenwise, capture_at=cell.split,
+                           ckpt_at=cell.checkpoint)
+
+
+def run_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> Raw:
+    """Prime ``ids`` under the cell's schedule, continue speculatively, then plainly from a
+    snapshot of the primed cache on a second session (so the digests are untouched). ``trace``:
+    a Trace recording the cell's session (prime and speculative continuation)."""
+    tp = len(ids)
+    cap = capacity(tp, max_new, cell.k)
+    sess, run = prime_cell(engine, cell, ids, max_new, trace)
     prepared = run.prepared
     logits = np.array(prepared.logits, dtype=np.float32)
     captures = capture_digest(sess.boundary_captures)

@@ -1,0 +1,70 @@
+"""Trace mode on the CUDA backend under Numba's simulator, against the CPU engine (run by
+tests/test_bisect_cuda.py in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``; prints one ``RESULT``
+line of JSON).
+
+A small MoE model (a shared expert, a dense layer, conv kernel 4) primes a 20-token prompt (a
+short prime: trunk, setup and MTP fill in one advance) and continues 3 tokens speculatively with
+K = 2, on both backends: untraced on CUDA, traced on both, and traced on CUDA with a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cudasim_blocks  # noqa: E402
+
+cudasim_blocks.install()
+
+import numpy as np  # noqa: E402
+from numba.core import config  # noqa: E402
+
+assert config.ENABLE_CUDASIM, "the simulator is not on"
+
+from harness.engine.config import ModelConfig  # noqa: E402
+from harness.engine.model import Engine  # noqa: E402
+from harness.engine.trace import Trace, first_divergence  # noqa: E402
+from harness.engine.weights import Checkpoint  # noqa: E402
+from harness.synth import random_tensors  # noqa: E402
+from harness.walk.mtp_walker import run_prime  # noqa: E402
+from harness.walk.speculative import continue_spec  # noqa: E402
+
+MODEL = dict(
+    vocab_size=24, hidden_size=20, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4,
+    linear_conv_kernel_dim=4, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    rms_norm_eps=1e-6, intermediate_size=8, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=4,
+    shared_expert_intermediate_size=6, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+    tie_word_embeddings=False, num_nextn_predict_layers=1,
+)
+FAULT = ("trunk", 9, 9)  # layer 0's recurrence (op 9) at row 9
+
+
+def run(eng, trace):
+    ids = np.random.default_rng(2).integers(0, MODEL["vocab_size"], 20).tolist()
+    s = eng.new_session(40)
+    s.trace = trace
+    prep = run_prime(eng, s, ids, 2).prepared
+    gen = continue_spec(eng, s, prep, 3, 2)
+    return {"digest": s.cache.digest(), "tokens": [int(t) for t in gen.tokens],
+            "logits": prep.logits.view(np.uint32).tolist()}
+
+
+cfg = ModelConfig.from_dict(MODEL, "simulator model")
+ck = Checkpoint(cfg, random_tensors(cfg, seed=11))
+ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
+assert eg.B.name == "cuda"
+tc, tg, tf = Trace(ec), Trace(eg), Trace(eg, fault=FAULT)
+cpu, plain, traced, faulted = run(ec, tc), run(eg, None), run(eg, tg), run(eg, tf)
+kc, hc = tc.table()
+kg, hg = tg.table()
+d = first_divergence(tc, tf)
+print("RESULT " + json.dumps({
+    "untraced_equals_cpu": plain == cpu, "traced_equals_untraced": traced == plain,
+    "same_entries": bool(np.array_equal(kc, kg)), "same_hashes": bool(np.array_equal(hc, hg)),
+    "entries": int(kc.size), "fault_applied": tf.fault_applied, "fault_differs": faulted != plain,
+    "first": None if d["first"] is None else tc.place(d["first"]), "fault_key": Trace.key(*FAULT[:2], 0, FAULT[2]),
+    "first_key": d["first"], "fault_place": tc.place(Trace.key(*FAULT[:2], 0, FAULT[2]))}))
