@@ -79,6 +79,19 @@ def build_hf_model(folder, seed=0):
     return model
 
 
+def bench_checkpoint(folder, seed=0):
+    """bench-8l as harness bench runs it: (the HF model, the primewalk Checkpoint with a random MTP
+    head, seed + 1) -- the HF files are written to ``folder``."""
+    from ..engine.weights import load_checkpoint
+    from ..synth import random_tensors
+
+    model = build_hf_model(folder, seed)
+    ck = load_checkpoint(folder)
+    ck.tensors.update(random_tensors(ck.config, seed + 1, mtp=True, trunk=False))
+    ck.config.num_nextn_predict_layers = 1
+    return model, ck
+
+
 def hf_anchors(model, ids4096, ids512, timer, dtype_name):
     import torch
 
@@ -298,8 +311,6 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     except ImportError:
         raise PrimewalkError("harness bench needs torch and transformers (pip install '.[oracle]')") from None
     from ..engine import backend as bk
-    from ..engine.weights import load_checkpoint
-    from ..synth import random_tensors
 
     gpu = bk.get_backend("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -310,10 +321,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     ids512 = ids4096[:512]
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        model = build_hf_model(folder, seed)
-        ck = load_checkpoint(folder)
-        ck.tensors.update(random_tensors(ck.config, seed + 1, mtp=True, trunk=False))
-        ck.config.num_nextn_predict_layers = 1
+        model, ck = bench_checkpoint(folder, seed)
     weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
     errors = {}
 

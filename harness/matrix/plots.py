@@ -403,3 +403,44 @@ def plot_receipt(path: str, quiet: bool = False) -> list[str]:
         for name, why in skipped:
             print(f"plot: skipped {name}: {why}", file=sys.stderr)
     return written
+
+
+def bisect_figure(res: dict) -> Figure:
+    """A ``harness bisect`` result as a layer × op heat map: how many entries (op output rows,
+    over all rows and occurrences) differ at each op, on a log scale; the first divergence is
+    framed. Layers top to bottom and ops left to right in execution order (``trunk`` holds the
+    embedding, final norm and logits, ``mtp`` the head and its layer)."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    layers, ops = [], []
+    for names in res["ops"].values():
+        for name in names:
+            layer, op = name.split(":", 1)
+            layers += [layer] if layer not in layers else []
+            ops += [op] if op not in ops else []
+    grid = np.full((len(layers), len(ops)), np.nan)
+    valid = np.zeros_like(grid, dtype=bool)
+    for names in res["ops"].values():
+        for name in names:
+            layer, op = name.split(":", 1)
+            valid[layers.index(layer), ops.index(op)] = True
+    grid[valid] = 0
+    for o in (res.get("spread") or {}).get("by_op", []):
+        grid[layers.index(o["layer"]), ops.index(o["op"])] += o["entries"]
+    fig = _figure(_clamp(1.2 + 0.32 * len(ops), 6, 16), _clamp(1.6 + 0.3 * len(layers), 3, 12))
+    ax = fig.add_subplot()
+    im = ax.imshow(np.log10(1 + grid), cmap="magma_r", aspect="auto", vmin=0)
+    fig.colorbar(im, ax=ax, label="log10(1 + differing entries)", shrink=0.8)
+    d = res.get("divergence")
+    if d is not None:
+        i, j = layers.index(d["layer"]), ops.index(d["op"])
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#1f77b4", linewidth=2.5))
+    ax.set_xticks(range(len(ops)), ops, rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
+    ax.set_yticks(range(len(layers)), layers, fontsize=8)
+    ax.set_xlabel("op (execution order)")
+    ax.set_ylabel("layer")
+    title = "no divergence" if d is None else (f"first divergence {d['layer']}:{d['op']} row {d['row']} "
+                                               f"col {d['col']} ({d['ulp']} ulp)")
+    ax.set_title(f"{title}\na: {res['a']['run']}  b: {res['b']['run']}", fontsize=8)
+    return fig
