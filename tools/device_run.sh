@@ -6,11 +6,14 @@
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
 # bench: harness bench (bench-8l vs transformers and hardware anchors).
+# bisect: harness bisect (issue #12): the tiny model CPU vs CUDA (no divergence expected) and with
+#         a fault on CUDA; bench-8l (tools/save_bench_model.py) primed 4096 tokens on CUDA,
+#         batched vs split, with a fault (goal: under a minute, compilation included).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
 out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|all]}
-what=${2:-all}
+what=${2:-all}  # check | bench | bisect | all
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -62,5 +65,21 @@ PY
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
+fi
+if [ "$what" = bisect ] || [ "$what" = all ]; then
+  bis() {  # exit 1 (a divergence) is the expected result with a fault
+    local name=$1 rc=0 t0; shift; t0=$(ms)
+    python -m harness.cli bisect "$@" --out "$res/h200-bisect-$name.json" > "$res/bisect-$name.log" 2>&1 || rc=$?
+    echo "bisect $name exit $rc wall $(( $(ms) - t0 )) ms: $*" | tee -a "$res/walls.txt"
+    head -4 "$res/bisect-$name.log"
+  }
+  bis tiny-cpu-cuda --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda
+  bis tiny-cpu-cuda-fault --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
+      --fault 2:recurrence:200
+  python tools/save_bench_model.py "$out/bench-8l" > "$res/save-bench-model.log" 2>&1 || echo "save_bench_model exit $?"
+  bis bench8l-4096 --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda \
+      --fault 5:recurrence:3000
+  bis bench8l-4096-nofault --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda
+  rm -rf "$out/bench-8l"
 fi
 tar cf "$out/results.tar" -C "$out" results
