@@ -105,7 +105,8 @@ pd.DataFrame([{"cell": r.cell, "field": r.field, "A": r.a, "B": r.b, "note": r.n
 # stores that in each failed cell's `bisect` field (listed here when receipt A has any).
 #
 # Below, a deliberate fault: run b flips the lowest bit of layer 2's DeltaNet recurrence output
-# at row 30 (column 0); run a is the same prompt primed token by token. Bisect names exactly that
+# at row 20 (column 0) of a 40-token prompt primed in 16-row chunks; run a primes it token by
+# token. Bisect names exactly that
 # place, and the heat map shows how far the one-ulp difference spreads through later ops and
 # rows (log scale; the first divergence is framed).
 
@@ -118,7 +119,7 @@ for c in bisected:
     print(f"{c['id']}: {headline(c['bisect'])}")
 
 side_a, side_b, _ = schedule_sides(None, 40, "tokenwise", "batched:16", k=2, max_new=4)
-demo = bisect(side_a, side_b, fault="2:recurrence:30")
+demo = bisect(side_a, side_b, fault="2:recurrence:20")
 print(headline(demo))
 spread = demo["spread"]
 print(f"spread: {spread['entries']} entries in {spread['rows']} rows and {spread['ops']} ops")

@@ -29,6 +29,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..atomic import write_bytes_atomic
+from ..engine.config import LINEAR
+from ..engine.trace import ATTN_OPS, DENSE_OPS, GDN_OPS, MTP_HEAD, MTP_TAIL, TRUNK_HEAD, layer_ops
 from ..errors import PrimewalkError
 from .receipts import acceptance_by_k, cell_order_key, read_receipt
 
@@ -405,6 +407,11 @@ def plot_receipt(path: str, quiet: bool = False) -> list[str]:
     return written
 
 
+# a bisect heat map's columns: every layer kind's ops in execution order (head, mixers, MLPs, tail)
+OP_COLUMNS = (TRUNK_HEAD + MTP_HEAD + GDN_OPS[:-1] + ATTN_OPS[1:] + DENSE_OPS[:-1]
+              + layer_ops(LINEAR, True, True)[len(GDN_OPS) + 1:] + MTP_TAIL)
+
+
 def bisect_figure(res: dict) -> Figure:
     """A ``harness bisect`` result as a layer × op heat map: how many entries (op output rows,
     over all rows and occurrences) differ at each op, on a log scale; the first divergence is
@@ -413,12 +420,13 @@ def bisect_figure(res: dict) -> Figure:
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    layers, ops = [], []
+    layers = []
     for names in res["ops"].values():
         for name in names:
-            layer, op = name.split(":", 1)
+            layer = name.split(":", 1)[0]
             layers += [layer] if layer not in layers else []
-            ops += [op] if op not in ops else []
+    present = {name.split(":", 1)[1] for names in res["ops"].values() for name in names}
+    ops = [op for op in dict.fromkeys(OP_COLUMNS) if op in present] + sorted(present - set(OP_COLUMNS))
     grid = np.full((len(layers), len(ops)), np.nan)
     valid = np.zeros_like(grid, dtype=bool)
     for names in res["ops"].values():
