@@ -106,9 +106,8 @@ pd.DataFrame([{"cell": r.cell, "field": r.field, "A": r.a, "B": r.b, "note": r.n
 #
 # Below, a deliberate fault: run b flips the lowest bit of layer 2's DeltaNet recurrence output
 # at row 20 (column 0) of a 40-token prompt primed in 16-row chunks; run a primes it token by
-# token. Bisect names exactly that
-# place, and the heat map shows how far the one-ulp difference spreads through later ops and
-# rows (log scale; the first divergence is framed).
+# token. Bisect names exactly that place, and the heat map shows how far the one-ulp difference
+# spreads through later ops and rows (log scale; the first divergence is framed).
 
 # %%
 from harness.matrix.bisect import bisect, headline, schedule_sides
