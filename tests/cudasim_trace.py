@@ -2,9 +2,12 @@
 tests/test_bisect_cuda.py in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``; prints one ``RESULT``
 line of JSON).
 
-A small MoE model (a shared expert, a dense layer, conv kernel 4) primes a 20-token prompt (a
+A small MoE model (a shared expert, a dense layer, conv kernel 4) primes a 12-token prompt (a
 short prime: trunk, setup and MTP fill in one advance) and continues 3 tokens speculatively with
-K = 2, on both backends: untraced on CUDA, traced on both, and traced on CUDA with a fault.
+K = 2: untraced and traced on the CPU, traced on CUDA, and traced on CUDA with a fault. (The
+simulator is slow, so CUDA runs only traced: traced CUDA equal to untraced CPU, with the CPU's
+own traced-equals-untraced and the backends' bitwise contract, says that tracing changes nothing
+on CUDA; ``tools/device_run.sh bisect`` checks it directly on the GPU.)
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ MODEL = dict(
     shared_expert_intermediate_size=6, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
     tie_word_embeddings=False, num_nextn_predict_layers=1,
 )
-FAULT = ("trunk", 9, 9)  # layer 0's recurrence (op 9) at row 9
+FAULT = ("trunk", 7, 9)  # layer 0's recurrence (op 9) at row 7
 
 
 def run(eng, trace):
-    ids = np.random.default_rng(2).integers(0, MODEL["vocab_size"], 20).tolist()
-    s = eng.new_session(40)
+    ids = np.random.default_rng(2).integers(0, MODEL["vocab_size"], 12).tolist()
+    s = eng.new_session(32)
     s.trace = trace
     prep = run_prime(eng, s, ids, 2).prepared
     gen = continue_spec(eng, s, prep, 3, 2)
@@ -58,12 +61,12 @@ ck = Checkpoint(cfg, random_tensors(cfg, seed=11))
 ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
 assert eg.B.name == "cuda"
 tc, tg, tf = Trace(ec), Trace(eg), Trace(eg, fault=FAULT)
-cpu, plain, traced, faulted = run(ec, tc), run(eg, None), run(eg, tg), run(eg, tf)
+plain, cpu, traced, faulted = run(ec, None), run(ec, tc), run(eg, tg), run(eg, tf)
 kc, hc = tc.table()
 kg, hg = tg.table()
 d = first_divergence(tc, tf)
 print("RESULT " + json.dumps({
-    "untraced_equals_cpu": plain == cpu, "traced_equals_untraced": traced == plain,
+    "cpu_traced_equals_untraced": cpu == plain, "cuda_traced_equals_cpu_untraced": traced == plain,
     "same_entries": bool(np.array_equal(kc, kg)), "same_hashes": bool(np.array_equal(hc, hg)),
     "entries": int(kc.size), "fault_applied": tf.fault_applied, "fault_differs": faulted != plain,
     "first": None if d["first"] is None else tc.place(d["first"]), "fault_key": Trace.key(*FAULT[:2], 0, FAULT[2]),

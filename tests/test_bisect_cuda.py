@@ -2,8 +2,9 @@
 subprocess with ``NUMBA_ENABLE_CUDASIM=1``): a small MoE model primed and continued
 speculatively on both backends.
 
-- tracing changes nothing on CUDA: digests, tokens and logits traced equal untraced, bitwise
-  (and equal the CPU engine's);
+- tracing changes nothing: digests, tokens and logits traced on CUDA equal the untraced CPU
+  run's, bitwise (the simulator is slow: ``tools/device_run.sh bisect`` checks CUDA traced
+  against CUDA untraced on the GPU);
 - the CUDA ``row_hash`` op gives the CPU twin's hashes: the CPU and CUDA traces have the same
   entries and the same hash at each, so ``harness bisect --backend-a cpu --backend-b cuda``
   compares hashes, not activations;
@@ -28,8 +29,8 @@ def test_trace_on_the_simulator():
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
     res = json.loads(lines[-1][len("RESULT "):])
-    assert res["untraced_equals_cpu"] and res["traced_equals_untraced"], res
-    assert res["same_entries"] and res["same_hashes"] and res["entries"] > 500, res
+    assert res["cpu_traced_equals_untraced"] and res["cuda_traced_equals_cpu_untraced"], res
+    assert res["same_entries"] and res["same_hashes"] and res["entries"] > 300, res
     assert res["fault_applied"] and res["fault_differs"], res
     assert res["first_key"] == res["fault_key"], (res["first"], res["fault_place"])
     assert res["fault_place"]["op"] == "recurrence" and res["fault_place"]["layer"] == "0"

@@ -6,7 +6,8 @@
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
 # bench: harness bench (bench-8l vs transformers and hardware anchors).
-# bisect: harness bisect (issue #12): the tiny model CPU vs CUDA (no divergence expected) and with
+# bisect: harness bisect (issue #12): tracing on vs off on CUDA (bitwise); the tiny model CPU vs
+#         CUDA (no divergence expected) and with
 #         a fault on CUDA; bench-8l (tools/save_bench_model.py) primed 4096 tokens on CUDA,
 #         batched vs split, with a fault (goal: under a minute, compilation included).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
@@ -73,6 +74,18 @@ if [ "$what" = bisect ] || [ "$what" = all ]; then
     echo "bisect $name exit $rc wall $(( $(ms) - t0 )) ms: $*" | tee -a "$res/walls.txt"
     head -4 "$res/bisect-$name.log"
   }
+  python - > "$res/trace-on-off.txt" 2>&1 <<'PY' || echo "trace on/off check FAILED" | tee -a "$res/trace-on-off.txt"
+from harness.engine.trace import Trace
+from harness.matrix import bisect as bs, runner
+for sched in ("unyielded", "tokenwise", "split:128", "yield:64"):  # CUDA: traced vs untraced (graphs on)
+    a, _, _ = bs.schedule_sides(None, 257, sched, sched, "cuda", "cuda", k=2, max_new=16)
+    plain = runner.run_cell(a.engine, a.cell, a.ids, 16)
+    traced = runner.run_cell(a.engine, a.cell, a.ids, 16, trace=Trace(a.engine))
+    same = traced.digests == plain.digests and traced.tokens == plain.tokens
+    print(f"trace on/off {sched}: {'bitwise' if same else 'DIFFERS'}")
+    assert same, sched
+PY
+  cat "$res/trace-on-off.txt"
   bis tiny-cpu-cuda --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda
   bis tiny-cpu-cuda-fault --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
       --fault 2:recurrence:200
