@@ -332,3 +332,16 @@ def test_tracing_costs_at_most_twice_the_untraced_run():
         a, _, _ = bs.schedule_sides(None, 130, schedule, schedule, k=2, max_new=16)
         plain, traced = bs.trace_overhead(a, repeats=5)
         assert traced <= 2.0 * plain, (schedule, plain, traced)
+
+
+def test_a_trace_of_selected_rows_is_the_full_trace_there():
+    """``Trace(rows=...)`` records only those absolute rows, with the hashes a full trace has."""
+    eng = Engine(load_checkpoint(default_model_path()), "cpu")
+    ids = list(range(3, 43))
+    full, some = Trace(eng), Trace(eng, rows=[3, 30, 41])
+    prime_and_continue(eng, full, ids, chunk_rows=16)
+    prime_and_continue(eng, some, ids, chunk_rows=16)
+    kf, hf = full.table()
+    ks, hs = some.table()
+    sel = np.isin(Trace.split_keys(kf)[0], [3, 30, 41])
+    assert ks.size > 0 and np.array_equal(ks, kf[sel]) and np.array_equal(hs, hf[sel])
