@@ -4,10 +4,11 @@ line of JSON).
 
 A small MoE model (a shared expert, a dense layer, conv kernel 4) primes a 12-token prompt (a
 short prime: trunk, setup and MTP fill in one advance) and continues 3 tokens speculatively with
-K = 2: untraced and traced on the CPU, traced on CUDA, and traced on CUDA with a fault. (The
-simulator is slow, so CUDA runs only traced: traced CUDA equal to untraced CPU, with the CPU's
-own traced-equals-untraced and the backends' bitwise contract, says that tracing changes nothing
-on CUDA; ``tools/device_run.sh bisect`` checks it directly on the GPU.)
+K = 2: untraced and traced on the CPU, traced on CUDA. (The simulator is slow, so CUDA runs
+once, traced: traced CUDA equal to untraced CPU, with the CPU's own traced-equals-untraced and
+the backends' bitwise contract, says that tracing changes nothing on CUDA. The fault kernel is
+checked bitwise with the other ops in cudasim_run.py, and where a fault lands does not depend on
+the backend; ``tools/device_run.sh bisect`` runs both on the GPU.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ MODEL = dict(
     shared_expert_intermediate_size=6, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
     tie_word_embeddings=False, num_nextn_predict_layers=1,
 )
-FAULT = ("trunk", 7, 9)  # layer 0's recurrence (op 9) at row 7
 
 
 def run(eng, trace):
@@ -60,14 +60,11 @@ cfg = ModelConfig.from_dict(MODEL, "simulator model")
 ck = Checkpoint(cfg, random_tensors(cfg, seed=11))
 ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
 assert eg.B.name == "cuda"
-tc, tg, tf = Trace(ec), Trace(eg), Trace(eg, fault=FAULT)
-plain, cpu, traced, faulted = run(ec, None), run(ec, tc), run(eg, tg), run(eg, tf)
+tc, tg = Trace(ec), Trace(eg)
+plain, cpu, traced = run(ec, None), run(ec, tc), run(eg, tg)
 kc, hc = tc.table()
 kg, hg = tg.table()
-d = first_divergence(tc, tf)
 print("RESULT " + json.dumps({
     "cpu_traced_equals_untraced": cpu == plain, "cuda_traced_equals_cpu_untraced": traced == plain,
     "same_entries": bool(np.array_equal(kc, kg)), "same_hashes": bool(np.array_equal(hc, hg)),
-    "entries": int(kc.size), "fault_applied": tf.fault_applied, "fault_differs": faulted != plain,
-    "first": None if d["first"] is None else tc.place(d["first"]), "fault_key": Trace.key(*FAULT[:2], 0, FAULT[2]),
-    "first_key": d["first"], "fault_place": tc.place(Trace.key(*FAULT[:2], 0, FAULT[2]))}))
+    "entries": int(kc.size), "first_divergence": first_divergence(tc, tg)["first"]}))
