@@ -95,3 +95,31 @@ result = diff_receipts(receipt_a, receipt_b, digests_only=cross_device)
 print(result.summary)
 pd.DataFrame([{"cell": r.cell, "field": r.field, "A": r.a, "B": r.b, "note": r.note} for r in result.rows],
              columns=["cell", "field", "A", "B", "note"])
+
+# %% [markdown]
+# ## Where a failure starts: `harness bisect`
+#
+# A `fail` says that a cell parted from its oracle, not where. `harness bisect` runs both with
+# every op's output rows hashed and names the first (layer, op, row, column) that differs, in
+# the order row, pass (trunk, then the MTP head), occurrence, op. `run-matrix --bisect-failures`
+# stores that in each failed cell's `bisect` field (listed here when receipt A has any).
+#
+# Below, a deliberate fault: run b flips the lowest bit of layer 2's DeltaNet recurrence output
+# at row 20 (column 0) of a 40-token prompt primed in 16-row chunks; run a primes it token by
+# token. Bisect names exactly that place, and the heat map shows how far the one-ulp difference
+# spreads through later ops and rows (log scale; the first divergence is framed).
+
+# %%
+from harness.matrix.bisect import bisect, headline, schedule_sides
+from harness.matrix.plots import bisect_figure
+
+bisected = [c for c in receipt_a["cells"] if c.get("bisect")]
+for c in bisected:
+    print(f"{c['id']}: {headline(c['bisect'])}")
+
+side_a, side_b, _ = schedule_sides(None, 40, "tokenwise", "batched:16", k=2, max_new=4)
+demo = bisect(side_a, side_b, fault="2:recurrence:20")
+print(headline(demo))
+spread = demo["spread"]
+print(f"spread: {spread['entries']} entries in {spread['rows']} rows and {spread['ops']} ops")
+bisect_figure(demo)

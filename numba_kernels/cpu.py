@@ -26,9 +26,9 @@ from numba.core import caching as _nb_caching
 from numba.core import types
 from numba.extending import intrinsic
 
-from . import attention, conv, deltanet, dispatch, elementwise, exact, linear, moe, norms, rope, sampling, tags
+from . import attention, conv, deltanet, dispatch, elementwise, exact, linear, moe, norms, rope, sampling, tags, trace
 
-FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling)
+FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling, trace)
 
 
 # ------------------------------------------------------------------------------------------------

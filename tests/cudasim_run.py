@@ -212,6 +212,12 @@ def op_cases():
     for shared in (True, False):
         case("moe_combine", f"shared{int(shared)}", (r(6, 8), rng.uniform(0, 1, (3, 2)).astype(F32), r(3, 8), r(3, 1),
                                                      shared, np.zeros((3, 8), F32), 3), [5])
+    # trace ops (integers only): row hashes over a column window of two buffer rows per traced
+    # row, and chained onto earlier hashes; the fault hook's one flipped bit
+    H = rng.integers(0, 2 ** 63, (5, 3), dtype=np.uint64)
+    case("row_hash", "R4-m2-x1-c3:10", (r(10, 11).view(np.uint32), 1, 2, 3, 10, H, 1, False, 4), [5])
+    case("row_hash", "R4-chain", (r(4, 6).view(np.uint32), 0, 1, 0, 6, H, 2, True, 4), [5])
+    case("flip_low_bit", "i5-c7", (r(9, 11).view(np.uint32), 5, 7), [0])
 
 
 # ------------------------------------------------------------------------------------------------

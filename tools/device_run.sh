@@ -19,11 +19,14 @@
 #        with the single-process cuda receipt; then the long-prompt matrix tools/specs/long.toml
 #        with one worker and with two (one per GPU when there are two, else sharing one), diffed
 #        with each other, and the speed-up (walls in walls.txt, receipts' wall_s).
+# bisect: harness bisect (issue #12): tracing on vs off on CUDA (bitwise); the tiny model CPU vs
+#         CUDA (no divergence expected) and with a fault on CUDA; bench-8l primed 4096 tokens on
+#         CUDA, batched vs split, with a fault (goal: under a minute, compilation included).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]}
-what=${2:-all}  # check | bench | own | fairness | all | workers
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|bisect|all|workers]}
+what=${2:-all}  # check | bench | own | fairness | bisect | all | workers
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -141,5 +144,33 @@ busy = lambda r: sum(w["busy_s"] for w in r["executor"]["workers"])
 print(f"long matrix: one worker {a['wall_s']:.1f} s, two {b['wall_s']:.1f} s: speed-up {a['wall_s'] / b['wall_s']:.2f}x "
       f"(worker busy time {busy(a):.1f} s vs {busy(b):.1f} s; cells {len(b['cells'])})")
 PY
+fi
+if [ "$what" = bisect ] || [ "$what" = all ]; then
+  bis() {  # exit 1 (a divergence) is the expected result with a fault
+    local name=$1 rc=0 t0; shift; t0=$(ms)
+    python -m harness.cli bisect "$@" --out "$res/h200-bisect-$name.json" > "$res/bisect-$name.log" 2>&1 || rc=$?
+    echo "bisect $name exit $rc wall $(( $(ms) - t0 )) ms: $*" | tee -a "$res/walls.txt"
+    head -4 "$res/bisect-$name.log"
+  }
+  python - > "$res/trace-on-off.txt" 2>&1 <<'PY' || echo "trace on/off check FAILED" | tee -a "$res/trace-on-off.txt"
+from harness.engine.trace import Trace
+from harness.matrix import bisect as bs, runner
+for sched in ("unyielded", "tokenwise", "split:128", "yield:64"):  # CUDA: traced vs untraced (graphs on)
+    a, _, _ = bs.schedule_sides(None, 257, sched, sched, "cuda", "cuda", k=2, max_new=16)
+    plain = runner.run_cell(a.engine, a.cell, a.ids, 16)
+    traced = runner.run_cell(a.engine, a.cell, a.ids, 16, trace=Trace(a.engine))
+    same = traced.digests == plain.digests and traced.tokens == plain.tokens
+    print(f"trace on/off {sched}: {'bitwise' if same else 'DIFFERS'}")
+    assert same, sched
+PY
+  cat "$res/trace-on-off.txt"
+  bis tiny-cpu-cuda --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda
+  bis tiny-cpu-cuda-fault --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
+      --fault 2:recurrence:200
+  python tools/make_bench8l.py --out "$out/bench-8l" > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"
+  bis bench8l-4096 --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda \
+      --fault 5:recurrence:3000
+  bis bench8l-4096-nofault --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda
+  rm -rf "$out/bench-8l"
 fi
 tar cf "$out/results.tar" -C "$out" results

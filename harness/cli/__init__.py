@@ -6,6 +6,7 @@
 - :mod:`.logits`: ``logits``;
 - :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``;
 - :mod:`.fairness`: ``fairness``.
+- :mod:`.bisect`: ``bisect``.
 
 Every user error (bad ids, unreadable checkpoints, invalid configs, unusable specs) exits 2 with
 one line on stderr; no traceback. Commands use the embedded tiny model unless ``--model`` is
@@ -18,7 +19,7 @@ import argparse
 import sys
 
 from ..errors import PrimewalkError
-from . import fairness, gpu, logits, matrix, walk
+from . import bisect, fairness, gpu, logits, matrix, walk
 from .common import stdout_gone
 
 EPILOG = """examples:
@@ -34,7 +35,7 @@ EPILOG = """examples:
   harness fairness --spec harness/specs/fairness/tiny.toml
 """
 
-COMMAND_GROUPS = (matrix, walk, logits, gpu, fairness)  # each registers its subcommands, in this order
+COMMAND_GROUPS = (matrix, walk, logits, gpu, fairness, bisect)  # each registers its subcommands, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:

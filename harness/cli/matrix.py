@@ -108,6 +108,9 @@ def cmd_run_matrix(args) -> int:
     # the parallel flags are checked (not started) first: a combination that cannot run is refused
     # in one line, also with --list
     executor = parallel.executor_from_args(args, spec) if parallel.parallel_requested(args) else None
+    if executor is not None and args.bisect_failures:
+        raise PrimewalkError("--bisect-failures runs in one process: drop --workers / --gpus / --executor, "
+                             "or bisect a failed cell afterwards with harness bisect --cell")
     if args.list:
         print(cell_listing(spec))
         return 0
@@ -121,7 +124,8 @@ def cmd_run_matrix(args) -> int:
     out = golden or args.out or default_out(spec, shard)
     warmup = not args.no_warmup
     if executor is None:
-        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup)
+        receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup,
+                                     bisect_failures=args.bisect_failures)
     else:
         from ..matrix.pool import run_parallel
 
@@ -198,6 +202,8 @@ def _register_run_matrix(subparsers) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the warm-up that compiles every kernel before the first timed cell")
     p.add_argument("--quiet", action="store_true", help="no progress display, no per-cell lines")
+    p.add_argument("--bisect-failures", action="store_true",
+                   help="bisect each failed cell against its oracle (harness bisect) into its receipt entry")
     p.add_argument("--no-plots", action="store_true", help="write the receipt only, no figures")
     parallel.add_args(p)
     p.set_defaults(func=cmd_run_matrix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..matrix.bisect import headline
 from ..matrix.runner import SilentProgress
 from .common import stdout_gone
 
@@ -28,6 +29,8 @@ def cell_line(c: dict) -> str:
         if v.get("max_ulp") is not None:
             extra.append(f"{v['max_ulp']} ulp")
         text += f" — {v['detail']}" + (f" ({', '.join(extra)})" if extra else "")
+    if c.get("bisect"):
+        text += f"; bisect: {headline(c['bisect'])}"
     return text
 
 

@@ -123,7 +123,8 @@ class CudaBackend:
 
     def clone(self, a):
         out = self.cuda.device_array(a.shape, a.dtype)
-        out.copy_to_device(a)
+        if a.size:  # an empty plane (no MTP rows yet): nothing to copy (the simulator refuses its strides)
+            out.copy_to_device(a)
         return out
 
     def synchronize(self):

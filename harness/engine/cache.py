@@ -111,6 +111,7 @@ class Session:
     prime_ready: object = None
     session_id: int = 0
     verify_caps: dict = field(default_factory=dict)  # per-row DeltaNet state of the last target step
+    trace: object = None  # a harness.engine.trace.Trace recording this session's steps, or None
 
     @property
     def last_h(self):

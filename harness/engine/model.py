@@ -16,6 +16,7 @@ decode costs one graph launch instead of ~15 launches per layer. ``PRIMEWALK_GRA
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -83,6 +84,7 @@ class Engine:
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
+        self._trace = None  # the recording Trace of the step running now (see .trace)
 
     def host(self, rows) -> np.ndarray:
         """A host numpy copy of backend rows: hidden rows an entry point returned, or a plane."""
@@ -143,21 +145,29 @@ class Engine:
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         qkvz = ws("qkvz", R, cd + vd)
         ops.linear(h, L["qkvz"], qkvz, R)
+        self._tap("qkvz", qkvz)
         ba = ws("ba", R, 2 * nv)
         ops.linear(h, L["ba"], ba, R)
+        self._tap("ba", ba)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
         mixed = ws("mixed", R, cd)
         ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
+        self._tap("conv", mixed)
         qn, kn = ws("qn", R, kd), ws("kn", R, kd)
         beta, g = ws("beta", R, nv), ws("g", R, nv)
         ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, ba, nv, L["A_log"], L["dt_bias"],
                      F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
+        for name, a in (("gdn_q", qn), ("gdn_k", kn), ("beta", beta), ("g", g)):
+            self._tap(name, a)
         o = ws("gdn_o", R, vd)
         ops.gdn_recurrence(qn, kn, mixed, 2 * kd, g, beta, cache.rec[li], o, R, dk, dv, cfg.v_per_k, cap_r, capture)
+        self._tap("recurrence", o)
         on = ws("gdn_on", R, vd)
         ops.gated_rmsnorm(o, qkvz, cd, nv, dv, L["norm"], cfg.rms_norm_eps, on, R)
+        self._tap("gated_norm", on)
         mix = ws("mix", R, cfg.hidden_size)
         ops.linear(on, L["out"], mix, R)
+        self._tap("out_proj", mix)
         return mix
 
     def _attn(self, L, h, R, kc, vc, start, pos=None):
@@ -166,19 +176,28 @@ class Engine:
         hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
         ops.linear(h, L["qkv"], qkv, R)
+        self._tap("qkv", qkv)
         q, k = ws("q", R, hq * D), ws("k", R, hkv * D)
         ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
+        self._tap("q_norm", q)
         ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
+        self._tap("k_norm", k)
         half = cfg.rotary_dim // 2
         ops.rope(q, hq, D, half, self.cos, self.sin, start, R, **at)
+        self._tap("q_rope", q)
         ops.rope(k, hkv, D, half, self.cos, self.sin, start, R, **at)
+        self._tap("k_rope", k)
         ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R, **at)
+        self._tap("kv_write", kc, x0=start, then=vc)  # traced only eagerly: start is the position
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
+        self._tap("attention", att)
         gated = ws("att_g", R, hq * D)
         ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+        self._tap("attn_gate", gated)
         mix = ws("mix", R, cfg.hidden_size)
         ops.linear(gated, L["o"], mix, R)
+        self._tap("o_proj", mix)
         return mix
 
     def _mlp(self, L, h, R):
@@ -189,40 +208,56 @@ class Engine:
             I = L["inter"]
             gu, act = ws("gu", R, 2 * I), ws("act", R, I)
             ops.linear(h, L["gu"], gu, R)
+            self._tap("mlp_gu", gu)
             ops.swiglu_act(gu, I, act, R)
+            self._tap("mlp_act", act)
             ops.linear(act, L["down"], mix, R)
+            self._tap("mlp_down", mix)
             return mix
         E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         rl, P = ws("router", R, E), ws("router_p", R, E)
         idx, wts = ws("moe_idx", R, k, np.int32), ws("moe_w", R, k)
         ops.linear(h, L["router"], rl, R)
+        self._tap("moe_router", rl)
         ops.moe_route(rl, k, cfg.norm_topk_prob, P, idx, wts, R)
+        self._tap("moe_route", wts, then=idx)
         mact, my = ws("moe_act", R * k, I), ws("moe_y", R * k, H)
         ops.moe_up(h, L["G2"], L["U2"], idx, I, mact, R)
+        self._tap("moe_up", mact, m=k)  # row r: its k experts' rows r·k ..
         ops.moe_down(mact, L["D2"], idx, H, my, R)
+        self._tap("moe_down", my, m=k)
         sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
         if L["shared"]:
             S = cfg.shared_expert_intermediate_size
             sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
             ops.linear(h, L["sgu"], sgu, R)
+            self._tap("shared_gu", sgu)
             ops.swiglu_act(sgu, S, sact, R)
+            self._tap("shared_act", sact)
             ops.linear(sact, L["sdown"], sh, R)
+            self._tap("shared_down", sh)
             ops.linear(h, L["sgate"], sgl, R)
+            self._tap("shared_gate", sgl)
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
+        self._tap("moe_combine", mix)
         return mix
 
     def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot, pos=None):
         ops, cfg = self.ops, self.cfg
         h = self.ws("h", R, cfg.hidden_size)
         ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
+        self._tap("in_norm", h)
         if L["kind"] == LINEAR:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
             mix = self._attn(L, h, R, kc, vc, start, pos)
         ops.add(x, mix, x, R)
+        self._tap("residual", x)
         ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
+        self._tap("post_norm", h)
         mix = self._mlp(L, h, R)
         ops.add(x, mix, x, R)
+        self._tap("residual2", x)
         if flags is not None:
             ops.nonfinite_flag(x, R, flags, slot)
 
@@ -249,10 +284,37 @@ class Engine:
     def _step(self, c, key, body, inputs, start, keep=()):
         """Run ``body(inputs, start, pos)`` -- kernel launches only -- on cache ``c`` and return
         its outputs: captured and replayed under ``key`` when graphs are on, else eagerly
-        (:meth:`~harness.engine.graphs.StepRunner.run`). ``keep``: buffers the body reads or
-        writes besides the workspace, the rope tables, the flags and ``inputs``."""
-        return self.steps.run(c, key if self.graphs else None, body, inputs, start,
+        (:meth:`~harness.engine.graphs.StepRunner.run`); always eagerly while a trace records.
+        ``keep``: buffers the body reads or writes besides the workspace, the rope tables, the
+        flags and ``inputs``."""
+        key = key if self.graphs and self._trace is None else None
+        return self.steps.run(c, key, body, inputs, start,
                               lambda: [c, self.cos, self.sin, self._flag_buf, *keep, *self._ws.values()])
+
+    # ---- trace mode (harness.engine.trace) ----------------------------------------------------
+    @contextmanager
+    def _tracing(self, sess, pazz, start, R):
+        """Around one step of ``sess``: its trace (if any) records the step's op outputs."""
+        tr = getattr(sess, "trace", None)
+        if tr is None:
+            yield
+            return
+        tr.begin(pazz, start, R)
+        self._trace = tr
+        try:
+            yield
+            tr.end()
+        except BaseException:
+            tr.abort()
+            raise
+        finally:
+            self._trace = None
+
+    def _tap(self, op, buf, **where):
+        """Op ``op`` just wrote ``buf``: the recording trace, if any, reads it
+        (:meth:`harness.engine.trace.Trace.tap`; ``where`` locates the step's rows in ``buf``)."""
+        if self._trace is not None:
+            self._trace.tap(op, buf, **where)
 
     def _trunk(self, sess, ids, logits_rows, capture=False, keep_hidden=True):
         """Run ``ids`` through the trunk at sess.cache.pos. Returns (logits host [n, V] for the
@@ -280,8 +342,9 @@ class Engine:
         def body(inp, at, pos):
             return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
 
-        logits, hf = self._step(c, key, body, {"ids": ids}, start,
-                                keep=() if caps is None else (caps["conv"], caps["rec"]))
+        with self._tracing(sess, "trunk", start, R):
+            logits, hf = self._step(c, key, body, {"ids": ids}, start,
+                                    keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
@@ -296,12 +359,15 @@ class Engine:
         cfg, ops = self.cfg, self.ops
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
+        self._tap("embed", x)
         for li, L in enumerate(self.layers):
             self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li, pos)
         hf = self.ws("hf", R, cfg.hidden_size)
         ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
+        self._tap("norm", hf)
         logits = self.ws("logits", n, cfg.vocab_size)
         ops.linear(hf[R - n:], self.lm_head, logits, n)
+        self._tap("logits", logits, lo=R - n)  # the last n rows
         if flags is not None:
             ops.nonfinite_flag(logits, n, flags, len(self.layers))
         return logits, hf
@@ -385,19 +451,26 @@ class Engine:
         def body(inp, at, pos):
             e = self.ws("mtp_e", R, H)
             ops.embed(inp["ids"], self.embed, e)
+            self._tap("embed", e)
             cat = self.ws("mtp_cat", R, 2 * H)
             ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
+            self._tap("norm_e", cat, c1=H)
             ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R)
+            self._tap("norm_h", cat, c0=H)
             x = self.ws("x", R, H)
             ops.linear(cat, M["fc"], x, R)
+            self._tap("fc", x)
             self._block(M["layer"], -1, x, R, at, c.mtp_k, c.mtp_v, c, False, None, flags, 0, pos)
             hf = self.ws("hf", R, H)
             ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
+            self._tap("norm", hf)
             logits = self.ws("logits", n, cfg.vocab_size)
             ops.linear(hf[R - n:], self.lm_head, logits, n)
+            self._tap("logits", logits, lo=R - n)
             return logits, hf
 
-        logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
+        with self._tracing(sess, "mtp", start, R):
+            logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
         out = self.B.download(logits[:n])
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, self.B.clone(hf[:R])

@@ -152,6 +152,15 @@ def with_mtp_head(ck, seed):
     return ck
 
 
+def bench_checkpoint(folder, seed=0):
+    """bench-8l as harness bench runs it: (the HF model, the primewalk Checkpoint with a random MTP
+    head seeded ``seed + 1``); the HF files are written to ``folder``."""
+    from ..engine.weights import load_checkpoint
+
+    model = build_hf_model(folder, seed)
+    return model, with_mtp_head(load_checkpoint(folder), seed + 1)
+
+
 # ------------------------------------------------------------------------------------------------
 # transformers
 # ------------------------------------------------------------------------------------------------
@@ -535,8 +544,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     ids512 = ids[:512]
     errors = {}
     with tempfile.TemporaryDirectory() as folder:
-        model = build_hf_model(folder, seed)
-        ck = with_mtp_head(load_checkpoint(folder), seed + 1)
+        model, ck = bench_checkpoint(folder, seed)
     weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
     sgemm, bw = torch_anchors(timer)
     curve = rep.new_curve(lengths)

@@ -5,7 +5,8 @@ verdicts           grid: rows = prompt / K / sampling, columns = the schedules a
                    them (a fractional split is one column; each square shows the row it resolved
                    to); bitwise green, tolerance amber, fail red with max ulp and max |Δ|; a
                    schedule that does not apply to a prompt is drawn "n/a" (hatched), a cell
-                   that is in another shard grey
+                   that is in another shard grey; a bisected failure names the layer,
+                   op and row where it started
 acceptance         acceptance rate per draft position, a line per K
 acceptance_len     mean acceptance length (1 + accepted / drafts) vs K, a line per sampling
 prime_throughput   prime tokens/s per schedule variant and chunk size (median, min-max whiskers)
@@ -35,6 +36,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from ..atomic import write_bytes_atomic
+from ..engine.config import LINEAR
+from ..engine.trace import ATTN_OPS, DENSE_OPS, GDN_OPS, MTP_HEAD, MTP_TAIL, TRUNK_HEAD, layer_ops
 from ..errors import PrimewalkError
 from .receipts import acceptance_by_k, cell_order_key, read_receipt
 
@@ -236,7 +239,7 @@ def verdicts_figure(receipt: dict) -> Figure:
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="#808080")
                 continue
             status = c["verdict"]["status"]
-            ax.text(j, i, _verdict_text(c, k), ha="center", va="center", fontsize=7 if status == "bitwise" else 6,
+            ax.text(j, i, _verdict_text(c, k) + failure_start(c), ha="center", va="center", fontsize=7 if status == "bitwise" else 6,
                     color="white" if status == "fail" else "black", linespacing=1.1)
     ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -256,6 +259,15 @@ def verdicts_figure(receipt: dict) -> Figure:
                              label=f"{text} ({counts[n]})"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
     return fig
+
+
+def failure_start(cell: dict) -> str:
+    """Where a failed cell's run first parted from its oracle's (``run-matrix --bisect-failures``),
+    as a second line for its square: ``\n2:recurrence r70``; empty without a bisection."""
+    d = (cell.get("bisect") or {}).get("divergence")
+    if cell["verdict"]["status"] != "fail" or not d:
+        return ""
+    return f"\n{d['layer']}:{d['op']} r{d['row']}"
 
 
 def _by(cells, key):
@@ -487,3 +499,50 @@ def plot_receipt(path: str, quiet: bool = False) -> list[str]:
         for name, why in skipped:
             print(f"plot: skipped {name}: {why}", file=sys.stderr)
     return written
+
+
+# a bisect heat map's columns: every layer kind's ops in execution order (head, mixers, MLPs, tail)
+OP_COLUMNS = (TRUNK_HEAD + MTP_HEAD + GDN_OPS[:-1] + ATTN_OPS[1:] + DENSE_OPS[:-1]
+              + layer_ops(LINEAR, True, True)[len(GDN_OPS) + 1:] + MTP_TAIL)
+
+
+def bisect_figure(res: dict) -> Figure:
+    """A ``harness bisect`` result as a layer × op heat map: how many entries (op output rows,
+    over all rows and occurrences) differ at each op, on a log scale; the first divergence is
+    framed. Layers top to bottom and ops left to right in execution order (``trunk`` holds the
+    embedding, final norm and logits, ``mtp`` the head and its layer)."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    layers = []
+    for names in res["ops"].values():
+        for name in names:
+            layer = name.split(":", 1)[0]
+            layers += [layer] if layer not in layers else []
+    present = {name.split(":", 1)[1] for names in res["ops"].values() for name in names}
+    ops = [op for op in dict.fromkeys(OP_COLUMNS) if op in present] + sorted(present - set(OP_COLUMNS))
+    grid = np.full((len(layers), len(ops)), np.nan)
+    valid = np.zeros_like(grid, dtype=bool)
+    for names in res["ops"].values():
+        for name in names:
+            layer, op = name.split(":", 1)
+            valid[layers.index(layer), ops.index(op)] = True
+    grid[valid] = 0
+    for o in (res.get("spread") or {}).get("by_op", []):
+        grid[layers.index(o["layer"]), ops.index(o["op"])] += o["entries"]
+    fig = _figure(_clamp(1.2 + 0.32 * len(ops), 6, 16), _clamp(1.6 + 0.3 * len(layers), 3, 12))
+    ax = fig.add_subplot()
+    im = ax.imshow(np.log10(1 + grid), cmap="magma_r", aspect="auto", vmin=0)
+    fig.colorbar(im, ax=ax, label="log10(1 + differing entries)", shrink=0.8)
+    d = res.get("divergence")
+    if d is not None:
+        i, j = layers.index(d["layer"]), ops.index(d["op"])
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#1f77b4", linewidth=2.5))
+    ax.set_xticks(range(len(ops)), ops, rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
+    ax.set_yticks(range(len(layers)), layers, fontsize=8)
+    ax.set_xlabel("op (execution order)")
+    ax.set_ylabel("layer")
+    title = "no divergence" if d is None else (f"first divergence {d['layer']}:{d['op']} row {d['row']} "
+                                               f"col {d['col']} ({d['ulp']} ulp)")
+    ax.set_title(f"{title}\na: {res['a']['run']}  b: {res['b']['run']}", fontsize=8)
+    return fig

@@ -32,7 +32,12 @@ diffs and plots, see :data:`READABLE_SCHEMAS` and :data:`FIELD_SINCE`)::
                 "acceptance": {"drafts", "accepted", "mean_acceptance_length",
                                "per_position": [K floats], "histogram": [K+1 ints]},
                 "timings": {"prime_s", "prime_tokens_per_s", "chunk_wall_s": [...],
-                            "decode_tokens_per_s", "spec_tokens_per_s"}}, ...]}
+                            "decode_tokens_per_s", "spec_tokens_per_s"},
+                "bisect"?: {"a", "b", "divergence", "spread", "compared", "only_a", "only_b",
+                            "wall_s"}}, ...]}
+
+``bisect`` is there only for a failed cell of ``run-matrix --bisect-failures``
+(:func:`harness.matrix.bisect.bisect_failure`).
 
 A ``"fairness"`` receipt (``harness fairness``, :mod:`harness.fairness.receipt`) follows the same
 schema with one cell per (run, session) and a few top-level blocks of its own; everything here
@@ -86,6 +91,7 @@ FIELD_ROLES = (
     ("cell", "acceptance.accepted", COMPARED),
     ("cell", "acceptance.histogram", COMPARED),
     ("cell", "timings.*", INFORMATIONAL),
+    ("cell", "bisect.*", INFORMATIONAL),
     ("receipt", "env.*", INFORMATIONAL),
     ("receipt", "created", INFORMATIONAL),
     ("receipt", "wall_s", INFORMATIONAL),

@@ -70,19 +70,27 @@ def _finite(x):
     return x if math.isfinite(x) else None
 
 
-def run_cell(engine, cell: Cell, ids: list, max_new: int) -> Raw:
-    """Prime ``ids`` under the cell's schedule, continue speculatively, then plainly from a
-    snapshot of the primed cache on a second session (so the digests are untouched)."""
-    tp = len(ids)
-    cap = capacity(tp, max_new, cell.k)
-    sess = engine.new_session(cap)
+def prime_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> tuple:
+    """A new session primed with ``ids`` under the cell's schedule: (session, PrimeRun).
+    ``trace``: a :class:`~harness.engine.trace.Trace` recording the session from here on."""
+    sess = engine.new_session(capacity(len(ids), max_new, cell.k))
+    sess.trace = trace
     hook = None
     if cell.yielded:
         hook = Peer(engine, prompt_len=PEER_PROMPT_LEN, seed=PEER_SEED).step
-    run = run_prime(engine, sess, ids, cell.k, sampling=cell.sampling, yield_hook=hook,
-                    prime_split=cell.split, chunk_rows=cell.chunk_rows or DEFAULT_CHUNK_ROWS,
-                    fill_chunk=cell.fill_chunk, tokenwise=cell.tokenwise, capture_at=cell.split,
-                    ckpt_at=cell.checkpoint)
+    return sess, run_prime(engine, sess, ids, cell.k, sampling=cell.sampling, yield_hook=hook,
+                           prime_split=cell.split, chunk_rows=cell.chunk_rows or DEFAULT_CHUNK_ROWS,
+                           fill_chunk=cell.fill_chunk, tokenwise=cell.tokenwise, capture_at=cell.split,
+                           ckpt_at=cell.checkpoint)
+
+
+def run_cell(engine, cell: Cell, ids: list, max_new: int, trace=None) -> Raw:
+    """Prime ``ids`` under the cell's schedule, continue speculatively, then plainly from a
+    snapshot of the primed cache on a second session (so the digests are untouched). ``trace``:
+    a Trace recording the cell's session (prime and speculative continuation)."""
+    tp = len(ids)
+    cap = capacity(tp, max_new, cell.k)
+    sess, run = prime_cell(engine, cell, ids, max_new, trace)
     prepared = run.prepared
     logits = np.array(prepared.logits, dtype=np.float32)
     captures = capture_digest(sess.boundary_captures)
@@ -250,14 +258,16 @@ def warm_models(spec: MatrixSpec, models: dict) -> float:
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
-               progress: SilentProgress | None = None, warmup: bool = True) -> dict:
+               progress: SilentProgress | None = None, warmup: bool = True,
+               bisect_failures: bool = False) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
     :class:`SilentProgress`, the default); ``warmup``: run every engine's code paths once before
     the first cell (:func:`warm_models`), so no cell's timings include Numba compiling a kernel
     (``warmup_s`` records how long it took). :mod:`.pool` runs the same cells in worker
-    processes or on Ray, with the same receipt."""
+    processes or on Ray, with the same receipt. ``bisect_failures``: bisect every failed cell
+    against its oracle (:mod:`harness.matrix.bisect`) into its entry's ``bisect`` field."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     load_start = machine_load()
@@ -289,6 +299,10 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
                 indep[key] = oracle_prime(m.engine, ids, cell.k, list(cell.points), cell.sampling)
             ilogits, icaps = indep[key]
             entry = cell_entry(spec, cell, raw, oracles[cell.oracle], ilogits, icaps, prompt_digest(ids))
+            if bisect_failures and entry["verdict"]["status"] == "fail":
+                from .bisect import bisect_failure  # bisect runs cells through this module
+
+                entry["bisect"] = bisect_failure(m.engine, cell, by_id[cell.oracle], ids, spec.max_new_tokens)
             out.append(entry)
             progress.done(entry)
     finally:

@@ -37,12 +37,13 @@ class Peer:
         self.token = int(np.argmax(logits))
 
 
-def oracle_prime(engine, prompt, k, boundary_points=(), sampling=None):
+def oracle_prime(engine, prompt, k, boundary_points=(), sampling=None, trace=None):
     """Unyielded prime of the segments between ``boundary_points`` (one batched prime per
     segment on a fresh session), with a capture at each point. Returns (logits of the last
-    prompt row [V], capture digest)."""
+    prompt row [V], capture digest). ``trace``: a Trace recording the session."""
     prompt = [int(t) for t in prompt]
     sess = engine.new_session(len(prompt) + k + 128)
+    sess.trace = trace
     caps, lo, logits, hid = [], 0, None, None
     for hi in sorted(set(int(b) for b in boundary_points if 0 < b < len(prompt))) + [len(prompt)]:
         logits, hid = engine.prime_chunk(sess, prompt[lo:hi])
