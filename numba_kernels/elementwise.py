@@ -1,4 +1,4 @@
-"""Elementwise ops: ``embed``, ``add``, ``swiglu_act``, ``sigmoid_gate``, ``nonfinite_flag`` and
+"""Elementwise ops: ``embed`` (``embed_bf16``: the table as bf16 bits, widened), ``add``, ``swiglu_act``, ``sigmoid_gate``, ``nonfinite_flag`` and
 the scalar maps (``map_exp`` … ``map_softplus``: tests and host-side sampling).
 
 Each output element is one body call: the CPU twin loops over rows and columns, the CUDA kernel
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .exact import exp32, row_col, sigmoid32, silu32, softplus32
+from .exact import exp32, row_col, sigmoid32, silu32, softplus32, widen_bf16
 from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin
 
 MAPS = {"map_exp": 0, "map_sigmoid": 1, "map_silu": 2, "map_softplus": 3}  # map op: ``which``
@@ -76,6 +76,33 @@ def embed_k(ids, table, out, R):
 def embed_cuda(ids, table, out):
     R = ids.shape[0]
     launch(embed_k, *grid1(R * table.shape[1]), ids, table, out, R)
+
+
+@body
+def embed_at_w16(ids, table, out, r, c):
+    out[r, c] = widen_bf16(table[ids[r], c])
+
+
+@twin("embed_bf16")
+def embed_bf16_cpu(ids, table, out):
+    """out[r] = widen(table[ids[r]]): ``embed`` with the table as bf16 bits (uint16)."""
+    for r in range(ids.shape[0]):
+        for c in range(table.shape[1]):
+            embed_at_w16(ids, table, out, r, c)
+
+
+@kernel
+def embed_bf16_k(ids, table, out, R):
+    i = cuda.grid(1)
+    if i < R * table.shape[1]:
+        r, c = row_col(i, table.shape[1])
+        embed_at_w16(ids, table, out, r, c)
+
+
+@launcher("embed_bf16")
+def embed_bf16_cuda(ids, table, out):
+    R = ids.shape[0]
+    launch(embed_bf16_k, *grid1(R * table.shape[1]), ids, table, out, R)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ Canonical reduction orders (independent of row counts, chunk starts and sessions
   (:mod:`numba_kernels.attention`).
 - **sums over experts**: in top-k rank order, then the gated shared expert
   (:mod:`numba_kernels.moe`).
+
+bf16 weights (the ``*_bf16`` ops) are uint16 arrays of bf16 bits. :func:`widen_bf16` appends 16
+zero bits, which is the exact float32 value, in a register; :func:`fma_chain_w16` /
+:func:`dot_rows_w16` are the canonical dot with the second operand widened as it is read, so a
+bf16 op gives the float32 op's bits on the widened weights.
 """
 
 from __future__ import annotations
@@ -179,6 +184,33 @@ def dot(a, b, n):
 def dot_rows(A, ra, ao, B, rb, bo, n):
     """Σ_i A[ra, ao+i]·B[rb, bo+i], i < n, in the canonical slice order."""
     return dot(A[ra, ao:], B[rb, bo:], n)
+
+
+# ------------------------------------------------------------------------------------------------
+# bf16 weights: widened in registers, the same dot
+# ------------------------------------------------------------------------------------------------
+@body
+def widen_bf16(h):
+    """The float32 of bf16 bits ``h`` (a uint16): the bits followed by 16 zero bits (exact)."""
+    return bits_to_f32(np.int32(h) << 16)
+
+
+@body
+def fma_chain_w16(a, b, n):
+    """:func:`fma_chain` (no swizzle) with ``b`` bf16 bits, each widened as it is read."""
+    part = ZERO
+    for e in range(n):
+        part = fma(a[e], widen_bf16(b[e]), part)
+    return part
+
+
+@body
+def dot_rows_w16(A, ra, ao, B, rb, bo, n):
+    """:func:`dot_rows` with ``B`` bf16 bits: Σ_i A[ra, ao+i]·widen(B[rb, bo+i]), canonical order."""
+    acc = ZERO
+    for k0 in range(0, n, SLICE):
+        acc = add_partial(acc, fma_chain_w16(A[ra, ao + k0:], B[rb, bo + k0:], min(SLICE, n - k0)))
+    return acc
 
 
 # ------------------------------------------------------------------------------------------------

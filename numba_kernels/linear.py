@@ -18,6 +18,13 @@ slice (``fma_chain``); slice partials added left to right into an accumulator th
   accumulators in slice order.
 
 Which one runs is :mod:`numba_kernels.dispatch`'s table.
+
+``linear_bf16`` is the same op with W held as bf16 bits (uint16 [N, K]), widened in registers
+(:func:`numba_kernels.exact.widen_bf16`) with the same order, so its bits are ``linear``'s on the
+widened weights. Its CUDA launcher is deliberately simple: R ≤ ``GEMV_MAX_ROWS`` runs
+``gemv_bf16_k`` (``gemv_v1``'s staging, widening as it stages: decode reads half the bytes);
+more rows widen W into a float32 scratch, at most ``WIDEN_ELEMS`` elements at a time, and run
+``gemm`` on each block of output columns.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import numpy as np
 
 from . import dispatch
 from .dispatch import GEMV_MAX_ROWS
-from .exact import SLICE, ZERO, add_partial, add_partials, dot_rows, fma_chain
-from .tags import body, cuda, fma, grid1, kernel, launch, launcher, prange, syncwarp, twin
+from .exact import SLICE, ZERO, add_partial, add_partials, dot_rows, dot_rows_w16, fma_chain, row_col, widen_bf16
+from .tags import body, cuda, fma, grid1, kernel, launch, launcher, prange, scratch, syncwarp, twin
 
 BM = BN = 64  # GEMM output tile
 TM = TN = 4  # GEMM outputs per thread
@@ -35,6 +42,7 @@ BM_PAD = BM + 1  # shared-memory shapes must be compile-time constants
 BN_PAD = BN + 1
 GEMV_WARPS = 4  # v1: output columns per block
 GEMV3_WARPS = 8  # v3: 256 threads; its input staging assumes it
+WIDEN_ELEMS = 1 << 24  # linear_bf16, more than GEMV_MAX_ROWS rows: weights widened per block (64 MiB)
 
 
 @body
@@ -284,3 +292,79 @@ def linear_cuda(X, W, out, R):
             gemv_v3(X, W, out, R)
     else:
         gemm(X, W, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# linear_bf16: W as bf16 bits, widened in registers, the same order
+# ------------------------------------------------------------------------------------------------
+@body
+def linear_at_w16(X, W, out, r, o):
+    out[r, o] = dot_rows_w16(X, r, 0, W, o, 0, W.shape[1])
+
+
+@twin("linear_bf16", parallel=True)
+def linear_bf16_cpu(X, W, out, R):
+    """``linear`` with W [N, K] bf16 bits (uint16): out[r, o] = dot(X[r], widen(W[o])), the
+    float32 ``linear``'s bits on the widened weights."""
+    N = W.shape[0]
+    for ro in prange(R * N):
+        r = ro // N
+        linear_at_w16(X, W, out, r, ro - r * N)
+
+
+@kernel
+def gemv_bf16_k(X, W, out, R):
+    """``gemv_v1_k`` with W as bf16 bits, widened as each warp stages its column's slices."""
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    w = tid >> 5
+    o = cuda.blockIdx.x * GEMV_WARPS + w
+    N, K = W.shape
+    Ws = cuda.shared.array((GEMV_WARPS, 32, 33), np.float32)  # [warp, slice, element], padded
+    Xs = cuda.shared.array((GEMV_MAX_ROWS, 32, 33), np.float32)
+    ps = cuda.shared.array((GEMV_WARPS, GEMV_MAX_ROWS, 32), np.float32)
+    acc = cuda.local.array(GEMV_MAX_ROWS, np.float32)
+    for r in range(GEMV_MAX_ROWS):
+        acc[r] = ZERO
+    nsl = (K + SLICE - 1) // SLICE
+    for base in range(0, nsl, 32):
+        k_base = base * SLICE
+        for idx in range(tid, R * 1024, 32 * GEMV_WARPS):
+            gk = k_base + (idx & 1023)
+            Xs[idx >> 10, (idx & 1023) >> 5, idx & 31] = X[idx >> 10, gk] if gk < K else ZERO
+        for j in range(32):
+            gk = k_base + j * 32 + lane
+            Ws[w, j, lane] = widen_bf16(W[o, gk]) if o < N and gk < K else ZERO
+        cuda.syncthreads()
+        for r in range(R):
+            ps[w, r, lane] = fma_chain(Xs[r, lane], Ws[w, lane], min(SLICE, K - (k_base + lane * SLICE)), 0)
+        cuda.syncthreads()
+        gemv_add_partials(acc, ps[w], R, min(32, nsl - base))
+        cuda.syncthreads()
+    if lane == 0 and o < N:
+        gemv_store(acc, out, o, R)
+
+
+@kernel
+def widen_bf16_k(W, n0, Wf, n):
+    """Wf[i, k] = widen(W[n0 + i, k]) for i < n."""
+    i = cuda.grid(1)
+    if i < n * W.shape[1]:
+        r, k = row_col(i, W.shape[1])
+        Wf[r, k] = widen_bf16(W[n0 + r, k])
+
+
+@launcher("linear_bf16")
+def linear_bf16_cuda(X, W, out, R):
+    """``linear`` with W as bf16 bits; the same bits as ``linear`` on the widened weights."""
+    N, K = W.shape
+    if dispatch.pick("linear", R) == "gemv":
+        launch(gemv_bf16_k, (N + GEMV_WARPS - 1) // GEMV_WARPS, 32 * GEMV_WARPS, X, W, out, R)
+        return
+    rows = max(1, min(N, WIDEN_ELEMS // K))
+    buf = scratch("linear_bf16.widened", rows * K)
+    for n0 in range(0, N, rows):
+        n = min(rows, N - n0)
+        Wf = buf[:n * K].reshape(n, K)
+        launch(widen_bf16_k, *grid1(n * K), W, n0, Wf, n)
+        gemm(X, Wf, out[:, n0:n0 + n], R)

@@ -9,11 +9,15 @@ Routing: softmax in float32, then top-k with ties to the lowest index, optionall
 (:func:`route_row`). Experts: ``act = silu(x·g)·(x·u)``, ``y = act·d`` with canonical dots.
 Combine: ``Σ_q wts[q]·y[q]`` as an fma chain in rank order, then ``+ sigmoid(sgl)·SH`` (fma). The
 twins loop over outputs; the CUDA kernels run one thread per output (one per row for routing).
+
+``moe_up_bf16`` / ``moe_down_bf16``: the same with the expert matrices as bf16 bits (uint16),
+widened in registers (:func:`numba_kernels.exact.dot_rows_w16`): the float32 ops' bits on the
+widened weights.
 """
 
 from __future__ import annotations
 
-from .exact import ONE, ZERO, dot_rows, exp32, fma_chain, row_col, sigmoid32, silu32
+from .exact import ONE, ZERO, dot_rows, dot_rows_w16, exp32, fma_chain, row_col, sigmoid32, silu32
 from .tags import body, cuda, fma, fmul, grid1, kernel, launch, launcher, prange, twin
 
 
@@ -164,3 +168,66 @@ def moe_combine_k(y, wts, SH, sgl, shared, out, R):
 @launcher("moe_combine")
 def moe_combine_cuda(y, wts, SH, sgl, shared, out, R):
     launch(moe_combine_k, *grid1(R * out.shape[1]), y, wts, SH, sgl, shared, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# experts as bf16 bits
+# ------------------------------------------------------------------------------------------------
+@body
+def moe_up_at_w16(X, G2, U2, idx, I, act, rq, i):
+    """:func:`moe_up_at` with G2, U2 as bf16 bits."""
+    k = idx.shape[1]
+    r = rq // k
+    row = idx[r, rq - r * k] * I + i
+    H = X.shape[1]
+    act[rq, i] = fmul(silu32(dot_rows_w16(X, r, 0, G2, row, 0, H)), dot_rows_w16(X, r, 0, U2, row, 0, H))
+
+
+@body
+def moe_down_at_w16(act, D2, idx, H, y, rq, d):
+    """:func:`moe_down_at` with D2 as bf16 bits."""
+    k = idx.shape[1]
+    r = rq // k
+    y[rq, d] = dot_rows_w16(act, rq, 0, D2, idx[r, rq - r * k] * H + d, 0, act.shape[1])
+
+
+@twin("moe_up_bf16", parallel=True)
+def moe_up_bf16_cpu(X, G2, U2, idx, I, act, R):
+    """``moe_up`` with G2, U2 [E·I, H] as bf16 bits."""
+    for rqi in prange(R * idx.shape[1] * I):
+        rq = rqi // I
+        moe_up_at_w16(X, G2, U2, idx, I, act, rq, rqi - rq * I)
+
+
+@kernel
+def moe_up_bf16_k(X, G2, U2, idx, I, act, R):
+    i = cuda.grid(1)
+    if i < R * idx.shape[1] * I:
+        rq, c = row_col(i, I)
+        moe_up_at_w16(X, G2, U2, idx, I, act, rq, c)
+
+
+@launcher("moe_up_bf16")
+def moe_up_bf16_cuda(X, G2, U2, idx, I, act, R):
+    launch(moe_up_bf16_k, *grid1(R * idx.shape[1] * I), X, G2, U2, idx, I, act, R)
+
+
+@twin("moe_down_bf16", parallel=True)
+def moe_down_bf16_cpu(act, D2, idx, H, y, R):
+    """``moe_down`` with D2 [E·H, I] as bf16 bits."""
+    for rqd in prange(R * idx.shape[1] * H):
+        rq = rqd // H
+        moe_down_at_w16(act, D2, idx, H, y, rq, rqd - rq * H)
+
+
+@kernel
+def moe_down_bf16_k(act, D2, idx, H, y, R):
+    i = cuda.grid(1)
+    if i < R * idx.shape[1] * H:
+        rq, d = row_col(i, H)
+        moe_down_at_w16(act, D2, idx, H, y, rq, d)
+
+
+@launcher("moe_down_bf16")
+def moe_down_bf16_cuda(act, D2, idx, H, y, R):
+    launch(moe_down_bf16_k, *grid1(R * idx.shape[1] * H), act, D2, idx, H, y, R)

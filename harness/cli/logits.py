@@ -27,7 +27,7 @@ def cmd_logits(args) -> int:
     else:
         from ..engine.model import Engine
 
-        eng = Engine(ck, args.backend)
+        eng = Engine(ck, args.backend, weights=args.weights)
         logits, _ = eng.target_step(eng.new_session(len(ids)), np.asarray(ids))
     buf = io.BytesIO()
     np.save(buf, logits, allow_pickle=False)

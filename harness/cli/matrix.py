@@ -13,6 +13,7 @@ from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
 from ..matrix.diff import diff_receipts
 from ..matrix.receipts import merge_receipts, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
+from .common import weights_arg
 from .progress import Progress
 
 
@@ -77,7 +78,7 @@ def cmd_run_matrix(args) -> int:
                                  f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
                                  + ", ".join(why))
     out = spec.golden if args.update_golden else (args.out or default_out(spec, shard))
-    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet))
+    receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), weights=args.weights)
     failed = sum(1 for c in receipt["cells"] if c["verdict"]["status"] == "fail")
     if args.update_golden and failed:
         out = default_out(spec, shard)
@@ -127,6 +128,7 @@ def _register_run_matrix(subparsers) -> None:
                    help="run every cell on this checkpoint folder instead of the spec's models")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
+    weights_arg(p)
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/<spec stem>.json; a .csv and figures go beside it)")
     p.add_argument("--shard", metavar="I/N", default=None,

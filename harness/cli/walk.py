@@ -20,7 +20,7 @@ from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
 def _engine(args):
     ck = load_model(args.model)
     ck.require_mtp(f"harness {args.command}")
-    return Engine(ck, args.backend)
+    return Engine(ck, args.backend, weights=args.weights)
 
 
 def cmd_check(args) -> int:

@@ -169,13 +169,14 @@ class _Model:
     ids: dict = field(default_factory=dict)  # prompt name -> ids
 
 
-def load_models(spec: MatrixSpec) -> dict:
-    """One engine per model (every cell of a model shares it), prompts checked against its vocab."""
+def load_models(spec: MatrixSpec, weights: str | None = None) -> dict:
+    """One engine per model (every cell of a model shares it), prompts checked against its vocab.
+    ``weights``: the engines' resident weights (``Engine``'s ``weights``; None: auto)."""
     out = {}
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        eng = Engine(ck, spec.backend)
+        eng = Engine(ck, spec.backend, weights=weights)
         m = _Model(name, folder, ck, eng)
         V = ck.config.vocab_size
         for ps in spec.prompts:
@@ -224,16 +225,18 @@ class SilentProgress:
 
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
-               progress: SilentProgress | None = None) -> dict:
+               progress: SilentProgress | None = None, weights: str | None = None) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
-    :class:`SilentProgress`, the default)."""
+    :class:`SilentProgress`, the default); ``weights``: the engines' resident weights (auto, f32,
+    bf16: the same bits, recorded in ``env.weights``)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     cells, notes = expand(spec)
     progress.notes(notes)
-    models = models if models is not None else load_models(spec)
+    models = models if models is not None else load_models(spec, weights)
+    progress.notes([f"model {n}: {note}" for n, m in models.items() for note in m.ckpt.notes])
     index, count = shard
     mine = [c for c in cells if c.order % count == index]
     by_id = {c.id: c for c in cells}
@@ -277,6 +280,7 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     B = first.engine.B
     env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
                    driver=None if spec.backend == "cpu" else B.driver())
+    env["weights"] = "+".join(sorted({m.engine.weights for m in models.values()}))  # informational
     data = dict(spec.data)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": utc_now(), "env": env,
             "model": model_block(models), "spec": data, "spec_hash": spec_hash(data),
