@@ -126,3 +126,13 @@ def test_bad_kernel_setting_is_one_line():
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.strip().splitlines() == ["harness logits: error: backend cuda: PRIMEWALK_LINEAR='v9': "
                                              "expected v1 or v3"], p.stderr
+
+
+def test_bf16_weights_match_widened_float32_bitwise(sim):
+    """The simulated CUDA engine with bf16-resident weights against the CPU engine on the widened
+    float32 weights: every step bitwise, and the bf16 kernels are the ones that ran."""
+    steps = [s for s in sim["model"] if s["step"].startswith("bf16 ")]
+    assert len(steps) >= 6 and all(s["logits_bitwise"] is True and s["digest_equal"] is True for s in steps), steps
+    ran = set().union(*(s["kernels"] for s in steps))
+    assert {"gemv_bf16_k", "widen_bf16_k", "embed_bf16_k"} <= ran, ran
+    assert not ran & {"gemv_v1_k", "gemv_v3_k", "embed_k"}, "a float32 weight kernel ran on the bf16 engine"
