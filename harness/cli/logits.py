@@ -21,6 +21,8 @@ def cmd_logits(args) -> int:
     if bad:
         raise PrimewalkError(f"token id {bad[0]} is out of range for vocab_size {V}")
     if args.backend in (None, "reference"):
+        if args.weights not in (None, "auto"):
+            raise PrimewalkError(f"--weights {args.weights} needs --backend cpu or cuda (the reference is float64)")
         from numba_kernels.reference import RefModel
 
         logits, _ = RefModel(ck.config, ck.tensors).forward(ids)
