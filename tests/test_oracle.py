@@ -377,3 +377,40 @@ def test_trunk_only_checkpoint_refuses_mtp(oracle):
         o["ref"].mtp_rows(o["m"].ids[:3], np.zeros((3, ck.config.hidden_size)), o["ref"].new_state(3), 0)
     with pytest.raises(ValueError, match="no MTP head"):
         o["ref"].mtp_draft(o["m"].ids[:3], np.zeros((3, ck.config.hidden_size)), o["ref"].new_state(3), 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# bf16 checkpoints: HF's own bf16 save, loaded exactly, against HF in float64 on the same weights
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["q35_dense", "q35_moe"])
+def test_bf16_checkpoint_round_trip(name, oracle, root):
+    """``model.to(bfloat16).save_pretrained``: every tensor loads as torch's own bf16 -> float32
+    widening of the float32 checkpoint's value (bitwise); the reference on it matches HF float64
+    on the same bf16 weights to REL_BOUND; the CPU engine gives the same bits with its matrices
+    kept bf16 as with them widened."""
+    from harness.engine.model import Engine
+
+    o = oracle(name)
+    m = o["m"]
+    hf16 = copy.deepcopy(m.hf32).to(torch.bfloat16)
+    folder = os.path.join(root, name + "-bf16")
+    hf16.save_pretrained(folder, safe_serialization=True)
+    ck = load_checkpoint(folder)
+    assert set(ck.dtypes.values()) == {"BF16"}
+    assert sorted(ck.tensors) == sorted(o["ck"].tensors)
+    for k, v in ck.tensors.items():
+        want = torch.from_numpy(np.ascontiguousarray(o["ck"].tensors[k])).bfloat16().float().numpy()
+        assert v.dtype == np.float32 and np.array_equal(v.view(np.uint32), want.view(np.uint32)), k
+    hf64 = copy.deepcopy(m.hf64)
+    missing, unexpected = hf64.load_state_dict({k: v.double() for k, v in hf16.state_dict().items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    want = om.hf_forward(hf64, m.ids)[0]
+    got = RefModel(ck.config, ck.tensors).forward(m.ids)[0]
+    rel = _rel(got, want)
+    record(name, "bf16_checkpoint", max_rel_err=rel)
+    assert rel <= REL_BOUND
+    logits = {}
+    for mode in ("f32", "bf16"):
+        e = Engine(ck, "cpu", weights=mode)
+        logits[mode] = np.asarray(e.target_step(e.new_session(len(m.ids)), np.asarray(m.ids))[0]).copy()
+    assert np.array_equal(logits["f32"].view(np.uint32), logits["bf16"].view(np.uint32))
