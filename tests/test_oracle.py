@@ -414,3 +414,18 @@ def test_bf16_checkpoint_round_trip(name, oracle, root):
         e = Engine(ck, "cpu", weights=mode)
         logits[mode] = np.asarray(e.target_step(e.new_session(len(m.ids)), np.asarray(m.ids))[0]).copy()
     assert np.array_equal(logits["f32"].view(np.uint32), logits["bf16"].view(np.uint32))
+
+
+def test_harness_oracle_command(capsys):
+    """``harness oracle`` on the embedded Qwen3.5-layout model (bf16 checkpoint, per-expert MoE
+    keys, an MTP head transformers ignores): PASS; an impossible --rtol: FAIL, exit 1."""
+    from harness.cli import main
+    from harness.models import model_path
+
+    for rtol, rc_want, verdict in (("1e-4", 0, "PASS"), ("1e-12", 1, "FAIL")):
+        rc = main(["oracle", "--model", model_path("tiny-q35"), "--prompt-len", "12", "--rtol", rtol])
+        out = capsys.readouterr().out.strip().splitlines()
+        assert rc == rc_want and len(out) == 1 and out[0].startswith(verdict + " "), out
+        fields = dict(kv.split("=", 1) for kv in out[0].split()[1:])
+        assert fields["model_type"] == "qwen3_5_moe_text" and fields["tokens"] == "12"
+        assert float(fields["reference_vs_hf_f32"]) <= 1e-4

@@ -4,7 +4,8 @@
   console display of a run);
 - :mod:`.walk`: ``check``, ``generate``;
 - :mod:`.logits`: ``logits``;
-- :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``.
+- :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``;
+- :mod:`.oracle`: ``oracle`` (a checkpoint against transformers).
 
 Every user error (bad ids, unreadable checkpoints, invalid configs, unusable specs) exits 2 with
 one line on stderr; no traceback. Commands use the embedded tiny model unless ``--model`` is
@@ -17,7 +18,7 @@ import argparse
 import sys
 
 from ..errors import PrimewalkError
-from . import gpu, logits, matrix, walk
+from . import gpu, logits, matrix, oracle, walk
 
 EPILOG = """examples:
   harness run-matrix                          # default schedule matrix on the tiny model (CPU)
@@ -27,9 +28,10 @@ EPILOG = """examples:
   harness generate --text "def main(" --max-new-tokens 64 --k 3
   harness logits --ids 1,2,3 --backend reference --out logits.npy
   harness device-check --out receipts/device/h200-device-check.json
+  harness oracle --model ~/ckpt/Qwen3.5-35B-A3B   # a checkpoint against transformers
 """
 
-COMMAND_GROUPS = (matrix, walk, logits, gpu)  # each registers its subcommands, in this order
+COMMAND_GROUPS = (matrix, walk, logits, gpu, oracle)  # each registers its subcommands, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:
