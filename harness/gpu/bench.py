@@ -12,6 +12,8 @@ one draft step and of one K+1 verify step; yielded vs drained prime; peak GPU me
 in the same run: transformers fp32 eager (TF32 off) and bf16; torch SGEMM (cuBLAS, TF32 off) on
 the model's GEMM shapes; a device-to-device copy (bandwidth ceiling); the decode floor = bytes
 of every weight read once per token (lm head included, embedding excluded) / copy bandwidth.
+The bf16 variant (:mod:`.bench_bf16`): HF's bf16 save of the same model, decode with bf16-resident
+weights against its own floor (bf16 weight bytes / copy bandwidth) and transformers bf16.
 Writes one JSON and prints one table. Needs a CUDA GPU and torch + transformers.
 """
 
@@ -26,6 +28,9 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..errors import PrimewalkError
+from . import bench_bf16
+
+NAN = float("nan")
 
 BENCH_8L = dict(
     vocab_size=151936, hidden_size=2048, num_hidden_layers=8,
@@ -182,6 +187,22 @@ def _fill_random_context(engine, sess, n, rng):
     c.pos = n
 
 
+def decode_seconds(eng, sess, n=32, warmup=2):
+    """Seconds per greedy decode step of ``eng`` on ``sess`` (``warmup`` steps untimed first:
+    compilation and first-touch stay out of the timing)."""
+    tok = 1
+    for _ in range(warmup):
+        logits, _ = eng.decode_step(sess, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits, _ = eng.decode_step(sess, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
 def ours(ck, ids4096, ids512, timer, quick):
     from ..engine.model import Engine
     from ..walk.mtp_walker import run_prime
@@ -202,17 +223,7 @@ def ours(ck, ids4096, ids512, timer, quick):
     res["prime_4096_tokens_per_s"] = 4096 / res["prime_4096_s"]
 
     def decode_after(sess, n=32, warmup=2):
-        tok = 1
-        for _ in range(warmup):  # compilation and first-touch stay out of the timing
-            logits, _ = eng.decode_step(sess, tok)
-            tok = int(np.argmax(logits))
-        eng.B.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            logits, _ = eng.decode_step(sess, tok)
-            tok = int(np.argmax(logits))
-        eng.B.synchronize()
-        return (time.perf_counter() - t0) / n
+        return decode_seconds(eng, sess, n, warmup)
 
     res["decode_512_ms_per_token"] = _median([decode_after(prime(512, ids512)) for _ in range(2)]) * 1e3
     res["captured_steps"] = bool(eng.graphs)
@@ -332,6 +343,8 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     with torch.no_grad():
         ref_logits = model.to("cuda", torch.float32)(torch.tensor([ids4096[:64]], device="cuda")).logits[0].float().cpu().numpy()
     hf["bf16"] = attempt("hf bf16", lambda: hf_anchors(model, ids4096, ids512, timer, "bf16"), dict(hf["fp32"]))
+    with tempfile.TemporaryDirectory() as folder:  # the bf16 variant's checkpoint: HF's own bf16 save
+        ck16 = attempt("bf16 checkpoint", lambda: bench_bf16.bf16_checkpoint(model, folder, seed + 1))
     del model
     torch.cuda.empty_cache()
     sgemm, bw = torch_anchors(timer)
@@ -339,6 +352,12 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
     eng, mine = ours(ck, ids4096, ids512, timer, quick)
     mine["logits_rel_err_vs_hf_fp32"] = logits_check(eng, ref_logits, ids4096[:64])
     floor_ms = weight_bytes / bw * 1e3
+    del eng
+    mine16, floor16_ms, bytes16 = None, NAN, None
+    if ck16 is not None:
+        bytes16 = bench_bf16.decode_bytes(ck16.tensors, "bf16")
+        floor16_ms = bytes16 / bw * 1e3
+        mine16 = attempt("primewalk bf16", lambda: bench_bf16.ours_bf16(ck16, ids512, quick))
     all_weight_bytes = sum(a.nbytes for a in ck.tensors.values())
     ratios = {
         "decode_512_over_floor": mine["decode_512_ms_per_token"] / floor_ms,
@@ -354,6 +373,10 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "yield overhead <= 2 %": mine["yield_overhead_pct"] <= 2.0,
         "peak <= weights + 2 GB at 32k": ratios["peak_over_weights_bytes"] <= 2 * 1024 ** 3,
     }
+    if mine16:
+        more_ratios, more_goals = bench_bf16.ratios_goals(mine16, hf["bf16"], floor16_ms)
+        ratios.update(more_ratios)
+        goals.update(more_goals)
     result = {
         "kind": "bench", "schema_version": 1, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -362,6 +385,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "weights_bytes_decode": weight_bytes, "weights_bytes_all": all_weight_bytes,
         "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
         "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
+        "primewalk_bf16": mine16, "weights_bytes_decode_bf16": bytes16, "decode_floor_bf16_ms": floor16_ms,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
@@ -379,6 +403,7 @@ def table(r) -> str:
         rows.insert(2, ("  uncaptured @512", m["decode_512_uncaptured_ms_per_token"], float("nan"), float("nan")))
     out = [f"{'measure':24s} {'primewalk':>12s} {'hf fp32':>12s} {'hf bf16':>12s}"]
     out += [f"{a:24s} {b:12.3f} {c:12.3f} {d:12.3f}" for a, b, c, d in rows]
+    out += bench_bf16.table_lines(r)
     for k, v in m["spec"].items():
         out.append(f"spec {k}: {v['spec_tokens_per_s']:.1f} tok/s (plain {v['plain_tokens_per_s']:.1f}), draft step "
                    f"{v['draft_step_ms']:.2f} ms, verify step {v['verify_step_ms']:.2f} ms, same tokens {v['same_tokens']}")
