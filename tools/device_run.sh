@@ -4,8 +4,9 @@
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
-#        default matrix and the stdlib-small acceptance matrix with --backend cuda.
-# bench: harness bench (bench-8l vs transformers and hardware anchors).
+#        default matrix, the stdlib-small acceptance matrix and the Qwen3.5-layout bf16 tiny-q35
+#        matrix (bf16-resident and widened weights) with --backend cuda.
+# bench: harness bench (bench-8l vs transformers and hardware anchors, and its bf16 variant).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
@@ -59,6 +60,14 @@ PY
   python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots || echo "run-matrix stdlib exit $?"
   t2=$(ms)
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
+  # the Qwen3.5-layout bf16 model: every schedule on CUDA with bf16-resident weights (the default
+  # for a bf16 checkpoint) and widened to float32; both must equal the CPU golden's digests
+  for w in bf16 f32; do
+    python -m harness.cli run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights "$w" \
+      --out "$res/h200-tiny-q35-$w.json" --quiet --no-plots || echo "run-matrix tiny-q35 $w exit $?"
+    python -m harness.cli diff receipts/golden/tiny-q35.json "$res/h200-tiny-q35-$w.json" --digests-only \
+      | tee "$res/tiny-q35-$w-diff.txt" | tail -2 || echo "tiny-q35 $w diff exit $?"
+  done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
