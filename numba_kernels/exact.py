@@ -208,8 +208,8 @@ def fma_chain_w16(a, b, n):
 def dot_rows_w16(A, ra, ao, B, rb, bo, n):
     """:func:`dot_rows` with ``B`` bf16 bits: Σ_i A[ra, ao+i]·widen(B[rb, bo+i]), canonical order."""
     acc = ZERO
-    for k0 in range(0, n, SLICE):
-        acc = add_partial(acc, fma_chain_w16(A[ra, ao + k0:], B[rb, bo + k0:], min(SLICE, n - k0)))
+    for s0 in range(0, n, SLICE):  # dot_rows' slices
+        acc = add_partial(acc, fma_chain_w16(A[ra, ao + s0:], B[rb, bo + s0:], min(SLICE, n - s0)))
     return acc
 
 
