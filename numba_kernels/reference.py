@@ -4,8 +4,10 @@ The oracle for tolerances: readable, one function per op, no attention to speed.
 ``T`` rows (tokens), ``H`` hidden size, ``Hv``/``Hk`` value/key heads of the gated DeltaNet,
 ``dk``/``dv`` their head dims, ``Hq``/``Hkv`` attention heads, ``D`` the attention head dim.
 
-Layer semantics follow HF ``transformers/models/qwen3_next/modeling_qwen3_next.py``; the MTP head
-follows vLLM's ``qwen3_next_mtp.py``:
+Layer semantics follow HF ``transformers/models/qwen3_next/modeling_qwen3_next.py`` (and
+``qwen3_5`` / ``qwen3_5_moe``, which differ only in the DeltaNet's separate input projections,
+:func:`split_qkv_z_b_a`, and which layers are MoE); the MTP head follows vLLM's
+``qwen3_next_mtp.py`` / ``qwen3_5_mtp.py``:
 ``fc(cat[pre_fc_norm_embedding(embed(x_{p})), pre_fc_norm_hidden(h_{p-1})])`` → one full-attention
 decoder layer with its own KV cache → ``mtp.norm`` → the shared lm head. Here the MTP row at
 position ``p`` pairs the token at ``p`` with the trunk's final hidden state at ``p - 1``
@@ -110,6 +112,18 @@ def split_qkvz_ba(cfg, qkvz, ba):
     return q, k, v, z, b, a
 
 
+def split_qkv_z_b_a(cfg, qkv, z, b, a):
+    """Qwen3.5's separate projections -> the same q, k [T, Hk, dk]; v, z [T, Hv, dv]; b, a [T, Hv].
+
+    ``in_proj_qkv`` emits ``q (Hk·dk) ‖ k (Hk·dk) ‖ v (Hv·dv)``; ``in_proj_z`` z (Hv·dv);
+    ``in_proj_b`` and ``in_proj_a`` one value per value head."""
+    T, kd = qkv.shape[0], cfg.key_dim
+    hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    q, k = qkv[:, :kd].reshape(T, hk, dk), qkv[:, kd:2 * kd].reshape(T, hk, dk)
+    v = qkv[:, 2 * kd:].reshape(T, -1, dv)
+    return q, k, v, z.reshape(T, -1, dv), b, a
+
+
 # ------------------------------------------------------------------------------------------------
 # attention pieces
 # ------------------------------------------------------------------------------------------------
@@ -197,7 +211,10 @@ def mlp(x, w, p, cfg, moe_layer):
 def gdn_layer(x, w, p, cfg, conv_state, rec_state):
     """Gated DeltaNet mixer. x: [T, H] (normed input). Returns (out [T, H], conv_state, rec_state)."""
     a_ = p + "linear_attn."
-    q, k, v, z, b, a = split_qkvz_ba(cfg, x @ w[a_ + "in_proj_qkvz.weight"].T, x @ w[a_ + "in_proj_ba.weight"].T)
+    if cfg.is_qwen3_5:
+        q, k, v, z, b, a = split_qkv_z_b_a(cfg, *(x @ w[a_ + f"in_proj_{n}.weight"].T for n in ("qkv", "z", "b", "a")))
+    else:
+        q, k, v, z, b, a = split_qkvz_ba(cfg, x @ w[a_ + "in_proj_qkvz.weight"].T, x @ w[a_ + "in_proj_ba.weight"].T)
     T = x.shape[0]
     mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)
     mixed, conv_state = causal_conv1d(mixed, w[a_ + "conv1d.weight"], conv_state)
@@ -328,6 +345,6 @@ class RefModel:
 
 __all__ = [
     "sigmoid", "silu", "softplus", "rms_norm", "gated_rms_norm", "l2_norm", "causal_conv1d",
-    "gated_delta_rule", "split_qkvz_ba", "rope_cos_sin", "apply_rope", "gqa_attention", "swiglu",
+    "gated_delta_rule", "split_qkvz_ba", "split_qkv_z_b_a", "rope_cos_sin", "apply_rope", "gqa_attention", "swiglu",
     "moe_route", "moe", "mlp", "gdn_layer", "attn_layer", "RefState", "RefModel",
 ]

@@ -32,6 +32,7 @@ assert config.ENABLE_CUDASIM, "the simulator is not on"
 from numba_kernels import cpu as kp  # noqa: E402
 from numba_kernels import cuda as kc  # noqa: E402
 from numba_kernels import dispatch  # noqa: E402
+from numba_kernels import linear as kl  # noqa: E402
 
 assert kc.SIMULATED
 
@@ -43,6 +44,11 @@ POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "atte
 
 def r(*shape, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+def w16(*shape, scale=1.0):
+    """Random bf16 weights as their bits (uint16)."""
+    return (r(*shape, scale=scale).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def ulps(a, b):
@@ -287,6 +293,45 @@ def model_steps():
     return steps
 
 
+def bf16_model_steps():
+    """The simulator model with bf16-exact weights: the CUDA engine keeping them bf16
+    (``weights="bf16"``: the weight ops on uint16 bits) against the CPU engine on the widened float32
+    weights, logits and cache digests after each step (prime 17 rows: the widened GEMM; verify 5;
+    decode eager, captured, replayed: the bf16 GEMV; an MTP row)."""
+    from harness.engine import bf16
+    from harness.engine.config import ModelConfig
+    from harness.engine.model import Engine
+    from harness.engine.weights import Checkpoint
+    from harness.synth import random_tensors
+
+    cfg = ModelConfig.from_dict(SIM_MODEL, "simulator model")
+    t = random_tensors(cfg, seed=4)
+    t.update({k: bf16.widen(bf16.narrow(t[k])) for k in bf16.matrix_names(t)})  # truncated: bf16 values
+    ck = Checkpoint(cfg, t)
+    ec, eg = Engine(ck, "cpu", weights="f32"), Engine(ck, "cuda", weights="bf16")
+    assert eg.weights == "bf16" and eg.lm_head.dtype == np.uint16
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, 40)
+    sc, sg = ec.new_session(40), eg.new_session(40)
+    steps = []
+
+    def step(name, rows, f):
+        kc.LAUNCHES.clear()
+        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])
+        steps.append(dict(step="bf16 " + name, rows=rows, kernels=sorted(kc.LAUNCHES),
+                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+
+    step("prime R17", 17, lambda e, s: e.target_step(s, ids[:17]))
+    step("verify p17 R5", 5, lambda e, s: e.target_step(s, ids[17:22], capture=True))
+    for i in range(3):
+        step(f"decode p{22 + i} ({['eager', 'captured', 'replayed'][i]})", 1,
+             lambda e, s: e.decode_step(s, int(ids[22 + i])))
+    h = r(1, cfg.hidden_size)
+    step("MTP row p0", 1, lambda e, s: e.mtp_rows(s, [int(ids[30])], h if e is ec else e.B.upload(h), 0,
+                                                   logits_rows=1))
+    return steps
+
+
 def front_doors():
     """{op: [cpu signature, cuda signature]} as the front doors export them."""
     def sig(f):
@@ -299,7 +344,7 @@ t0 = time.perf_counter()
 prims = primitives()
 op_cases()
 t1 = time.perf_counter()
-model = model_steps()
+model = model_steps() + bf16_model_steps()
 t2 = time.perf_counter()
 print("RESULT " + json.dumps(dict(primitives=prims, ops=CASES, model=model, front_doors=front_doors(),
                                   versions=kc.VERSIONS, ops_s=round(t1 - t0, 1), model_s=round(t2 - t1, 1))))

@@ -127,3 +127,11 @@ def test_front_doors_export_the_same_ops(sim):
         assert cuda_sig == (str(want["cuda"]) if "cuda" in want else None), name
     assert sim["versions"] == {n: s["of"] for n, s in sigs.items() if "of" in s}
 
+
+def test_bf16_weights_match_widened_float32_bitwise(sim):
+    """The simulated CUDA engine with bf16-resident weights against the CPU engine on the widened
+    float32 weights: every step bitwise (the engine holds its matrices as uint16 bits, asserted in
+    cudasim_run.bf16_model_steps, so the weight ops ran on bf16 inputs)."""
+    steps = [s for s in sim["model"] if s["step"].startswith("bf16 ")]
+    assert len(steps) >= 6 and all(s["logits_bitwise"] is True and s["digest_equal"] is True for s in steps), steps
+    assert set().union(*(s["kernels"] for s in steps)), "no kernel ran"

@@ -4,9 +4,10 @@
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
-#        default matrix and the stdlib-small acceptance matrix with --backend cuda.
+#        default matrix, the stdlib-small acceptance matrix and the Qwen3.5-layout bf16 tiny-q35
+#        matrix (bf16-resident and widened weights) with --backend cuda.
 # bench: harness bench (bench-8l vs transformers and hardware anchors: prime length curve to 131k,
-#        decode vs floor, speculative decoding; time-boxed to fit one device command of 10 min).
+#        decode vs floor, speculative decoding, the bf16 variant; time-boxed to fit one device command of 10 min).
 #        BENCH_ARGS adds flags, e.g. BENCH_ARGS="--lengths 4096,32768 --skip stdlib".
 # own:   a user's own checkpoint (tests/own_checkpoint.py: random Qwen3-Next with MoE, tied
 #        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
@@ -74,6 +75,14 @@ PY
   python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots || echo "run-matrix stdlib exit $?"
   t2=$(ms)
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
+  # the Qwen3.5-layout bf16 model: every schedule on CUDA with bf16-resident weights (the default
+  # for a bf16 checkpoint) and widened to float32; both must equal the CPU golden's digests
+  for w in bf16 f32; do
+    python -m harness.cli run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights "$w" \
+      --out "$res/h200-tiny-q35-$w.json" --quiet --no-plots || echo "run-matrix tiny-q35 $w exit $?"
+    python -m harness.cli diff receipts/golden/tiny-q35.json "$res/h200-tiny-q35-$w.json" --digests-only \
+      | tee "$res/tiny-q35-$w-diff.txt" | tail -2 || echo "tiny-q35 $w diff exit $?"
+  done
 fi
 if [ "$what" = own ] || [ "$what" = all ]; then
   own="$out/own"

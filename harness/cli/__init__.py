@@ -7,6 +7,7 @@
 - :mod:`.gpu`: ``device-check``, ``device-walker``, ``bench``;
 - :mod:`.fairness`: ``fairness``.
 - :mod:`.bisect`: ``bisect``.
+- :mod:`.oracle`: ``oracle`` (a checkpoint against transformers).
 
 Every user error (bad ids, unreadable checkpoints, invalid configs, unusable specs) exits 2 with
 one line on stderr; no traceback. Commands use the embedded tiny model unless ``--model`` is
@@ -19,7 +20,7 @@ import argparse
 import sys
 
 from ..errors import PrimewalkError
-from . import bisect, fairness, gpu, logits, matrix, walk
+from . import bisect, fairness, gpu, logits, matrix, oracle, walk
 from .common import stdout_gone
 
 EPILOG = """examples:
@@ -33,9 +34,10 @@ EPILOG = """examples:
   harness logits --ids 1,2,3 --backend reference --out logits.npy
   harness device-check --out receipts/device/h200-device-check.json
   harness fairness --spec harness/specs/fairness/tiny.toml
+  harness oracle --model ~/ckpt/Qwen3.5-35B-A3B   # a checkpoint against transformers
 """
 
-COMMAND_GROUPS = (matrix, walk, logits, gpu, fairness, bisect)  # each registers its subcommands, in this order
+COMMAND_GROUPS = (matrix, walk, logits, gpu, fairness, bisect, oracle)  # each registers its subcommands, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:

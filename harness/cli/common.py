@@ -1,4 +1,5 @@
-"""What the command groups share: the ``--model`` / ``--backend`` arguments and the prompt."""
+"""What the command groups share: the ``--model`` / ``--backend`` / ``--weights`` arguments and the
+prompt."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def model_arg(p):
 def backend_arg(p, choices=("cpu", "cuda")):
     p.add_argument("--backend", choices=choices, default=None,
                    help="compute backend (default: $PRIMEWALK_BACKEND or cpu)")
+    weights_arg(p)
+
+
+def weights_arg(p):
+    p.add_argument("--weights", choices=("auto", "f32", "bf16"), default=None,
+                   help="resident weights: bf16 keeps linear/MoE weights bf16 and widens them in registers "
+                        "(same bits as f32); default $PRIMEWALK_WEIGHTS or auto (bf16 for a bf16 checkpoint "
+                        "on cuda)")
 
 
 def prompt_args(p):
@@ -46,10 +55,15 @@ def backend_label(B) -> str:
 
 def load_model(path):
     """The checkpoint at ``path``, or the embedded tiny model."""
+    import sys
+
     from ..engine.weights import load_checkpoint
     from ..models import default_model_path
 
-    return load_checkpoint(path or default_model_path())
+    ck = load_checkpoint(path or default_model_path())
+    for note in ck.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return ck
 
 
 def parse_ids(text: str) -> list:

@@ -33,13 +33,15 @@ def cmd_logits(args) -> int:
     if bad:
         raise PrimewalkError(f"token id {bad[0]} is out of range for vocab_size {V}")
     if backend == "reference":
+        if args.weights not in (None, "auto"):
+            raise PrimewalkError(f"--weights {args.weights} needs --backend cpu or cuda (the reference is float64)")
         from numba_kernels.reference import RefModel
 
         logits, _ = RefModel(ck.config, ck.tensors).forward(ids)
     else:
         from ..engine.model import Engine
 
-        eng = Engine(ck, backend)
+        eng = Engine(ck, backend, weights=args.weights)
         logits, _ = eng.target_step(eng.new_session(len(ids)), np.asarray(ids))
     buf = io.BytesIO()
     np.save(buf, logits, allow_pickle=False)

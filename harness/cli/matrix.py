@@ -15,7 +15,7 @@ from ..matrix.diff import MAX_ROWS, diff_receipts
 from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
 from . import workers as parallel
-from .common import stdout_gone, write_and_plot
+from .common import stdout_gone, weights_arg, write_and_plot
 from .progress import Progress
 
 
@@ -111,6 +111,9 @@ def cmd_run_matrix(args) -> int:
     if executor is not None and args.bisect_failures:
         raise PrimewalkError("--bisect-failures runs in one process: drop --workers / --gpus / --executor, "
                              "or bisect a failed cell afterwards with harness bisect --cell")
+    if executor is not None and args.weights not in (None, "auto"):
+        raise PrimewalkError("--weights applies to one process for now: drop --workers / --gpus / --executor "
+                             "(the workers load each model with --weights auto)")
     if args.list:
         print(cell_listing(spec))
         return 0
@@ -125,7 +128,7 @@ def cmd_run_matrix(args) -> int:
     warmup = not args.no_warmup
     if executor is None:
         receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup,
-                                     bisect_failures=args.bisect_failures)
+                                     bisect_failures=args.bisect_failures, weights=args.weights)
     else:
         from ..matrix.pool import run_parallel
 
@@ -185,6 +188,7 @@ def _register_run_matrix(subparsers) -> None:
                    help="run every cell on this checkpoint folder instead of the spec's models")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
+    weights_arg(p)
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/<spec stem>.json; a .csv and figures go beside it)")
     p.add_argument("--shard", metavar="I/N", default=None,

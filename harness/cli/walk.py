@@ -22,7 +22,7 @@ def _engine(args, need_mtp: bool = True):
     if need_mtp:
         ck.require_mtp(f"harness {args.command}" + (" (speculative; --plain decodes without drafts)"
                                                     if args.command == "generate" else ""))
-    return Engine(ck, args.backend)
+    return Engine(ck, args.backend, weights=args.weights)
 
 
 def cmd_check(args) -> int:

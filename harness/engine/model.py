@@ -6,6 +6,10 @@ interleaving sessions is a real hazard that the walker's peer check catches. Per
 lives in :class:`~harness.engine.cache.Cache`. The entry points and the arrays they take and
 return are in :class:`Engine`'s docstring.
 
+``weights="bf16"`` keeps the linear and MoE weights (and the embedding) bf16 on the backend; the
+weight ops take them as uint16 bits and widen them in registers, so the bits are the float32 path's on the widened
+weights (:mod:`.bf16`; the default ``auto`` picks it for a bf16 checkpoint on CUDA).
+
 On a backend that can capture launches (CUDA), steps of at most
 :data:`~harness.engine.graphs.GRAPH_MAX_ROWS` rows run once eagerly, are then captured per cache
 and replayed (:mod:`.graphs`): the same kernels with the position read from the device, so
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import InputError, NumericError, PrimewalkError
+from . import bf16
 from .backend import get_backend
 from .cache import Cache, Session
 from .config import LINEAR
@@ -66,11 +71,16 @@ class Engine:
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
-                 graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS):
+                 graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS, weights: str | None = None):
         self.ckpt, self.cfg = ckpt, ckpt.config
         self.chunk_rows = int(chunk_rows)  # the most rows one prime launch runs
         self.B = get_backend(backend)
-        self.ops = self.B.ops
+        self.weights = bf16.resolve(weights, self.B.name, ckpt)  # "f32" | "bf16" (resident weights)
+        lin = None
+        if self.weights == "bf16":
+            bf16.check_exact(ckpt.tensors)
+            lin = lambda a: self.B.upload(bf16.narrow(a))  # noqa: E731
+        self.ops = self.B.ops  # the weight ops take bf16 bits (uint16) as they are
         self.check_finite = check_finite
         self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)
         self.steps = StepRunner(self.B, self.ops, self.graphs)
@@ -79,7 +89,7 @@ class Engine:
         self._ws: dict = {}
         self._rope_n = 0
         self._flag_buf = None
-        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp)
+        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))

@@ -1,11 +1,21 @@
 """Checkpoint loading and saving: safetensors only (never pickle), HF key names.
 
 A checkpoint folder holds ``config.json`` and either ``model.safetensors`` or shards listed in
-``model.safetensors.index.json``. Tensors stored as F32, F16, BF16 (or F64) load as float32.
+``model.safetensors.index.json``. Tensors stored as F32, F16 or BF16 load as float32 exactly
+(widening adds zero bits); F64 is rounded to float32. :attr:`Checkpoint.dtypes` keeps what each
+tensor was stored as (a bf16 checkpoint can keep its linear weights bf16 on the device:
+:mod:`harness.engine.bf16`).
 
-Keys are those of HF ``Qwen3NextForCausalLM`` plus the MTP head in vLLM's Qwen3-Next layout
-(``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*`` — one
-full-attention decoder layer —, ``mtp.norm``). Internally a few tensors are normalised:
+Keys are those of HF ``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM`` /
+``Qwen3_5MoeForCausalLM`` (the config's ``model_type`` says which), plus the MTP head in vLLM's
+layout (``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*``
+— one full-attention decoder layer —, ``mtp.norm``; the same keys for both families). Qwen3.5's
+DeltaNet projections are separate (``in_proj_qkv`` = q‖k‖v, ``in_proj_z``, ``in_proj_b``,
+``in_proj_a``) where Qwen3-Next fuses them per key head (``in_proj_qkvz``, ``in_proj_ba``); both
+are kept as stored and mapped onto one engine layout by :mod:`.layout`. A multimodal checkpoint
+(``Qwen3_5ForConditionalGeneration``) prefixes the text model with ``model.language_model.``
+(read as ``model.``) and carries vision tensors (``model.visual.*``), which are skipped with a
+note (:attr:`Checkpoint.notes`). Internally a few tensors are normalised:
 
 - ``*.linear_attn.conv1d.weight`` ``[conv_dim, 1, K]`` is kept as ``[conv_dim, K]``;
 - MoE experts, stored per expert (``mlp.experts.E.{gate,up,down}_proj.weight``) or fused the
@@ -52,9 +62,20 @@ def _attn_shapes(cfg: ModelConfig, p: str) -> dict:
 
 def _gdn_shapes(cfg: ModelConfig, p: str) -> dict:
     h, nv = cfg.hidden_size, cfg.linear_num_value_heads
+    if cfg.is_qwen3_5:  # separate projections: q‖k‖v, z, b, a
+        proj = {
+            p + "linear_attn.in_proj_qkv.weight": (cfg.conv_dim, h),
+            p + "linear_attn.in_proj_z.weight": (cfg.value_dim, h),
+            p + "linear_attn.in_proj_b.weight": (nv, h),
+            p + "linear_attn.in_proj_a.weight": (nv, h),
+        }
+    else:  # fused, interleaved per key head
+        proj = {
+            p + "linear_attn.in_proj_qkvz.weight": (2 * cfg.key_dim + 2 * cfg.value_dim, h),
+            p + "linear_attn.in_proj_ba.weight": (2 * nv, h),
+        }
     return {
-        p + "linear_attn.in_proj_qkvz.weight": (2 * cfg.key_dim + 2 * cfg.value_dim, h),
-        p + "linear_attn.in_proj_ba.weight": (2 * nv, h),
+        **proj,
         p + "linear_attn.conv1d.weight": (cfg.conv_dim, cfg.linear_conv_kernel_dim),
         p + "linear_attn.dt_bias": (nv,),
         p + "linear_attn.A_log": (nv,),
@@ -130,8 +151,9 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
-def read_safetensors(path: str) -> tuple[dict, str]:
-    """Read one .safetensors file -> ({name: float32 array}, sha256 hex of the file)."""
+def read_safetensors(path: str, dtypes: dict | None = None) -> tuple[dict, str]:
+    """Read one .safetensors file -> ({name: float32 array}, sha256 hex of the file). ``dtypes``,
+    if given, receives {name: stored dtype} ("BF16", "F32", ...)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -167,6 +189,8 @@ def read_safetensors(path: str) -> tuple[dict, str]:
             raise CheckpointError(
                 f"{path}: truncated (tensor {name} needs bytes up to {b}, file has {len(body)})")
         chunk = body[a:b]
+        if dtypes is not None:
+            dtypes[name] = dt
         if dt == "BF16":
             arr = _bf16_to_f32(np.frombuffer(chunk, dtype="<u2"))
         else:
@@ -200,16 +224,32 @@ def _checkpoint_files(folder: str) -> list:
 
 _PROJS = ("gate_proj", "up_proj", "down_proj")
 _EXPERT_RE = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+TEXT_PREFIX = "model.language_model."  # multimodal Qwen3.5: the text model's tensors
+VISION_PREFIXES = ("model.visual.", "visual.")  # multimodal Qwen3.5: the vision tower, not loaded
 
 
-def _normalise(raw: dict, cfg: ModelConfig) -> tuple[dict, list]:
-    """File keys -> internal keys. Returns (tensors, problems)."""
-    out, problems = {}, []
+def _normalise(raw: dict, cfg: ModelConfig, raw_dtypes: dict | None = None) -> tuple[dict, list, dict, list]:
+    """File keys -> internal keys. Returns (tensors, problems, {internal name: stored dtype},
+    notes)."""
+    out, problems, notes, dtypes = {}, [], [], {}
+    raw_dtypes = raw_dtypes or {}
     experts: dict = {}
+    vision = [n for n in raw if n.startswith(VISION_PREFIXES)]
+    if vision:
+        notes.append(f"skipped {len(vision)} vision tensor(s) ({vision[0].split('.')[0]}"
+                     f"{'.visual' if vision[0].startswith('model.') else ''}.*): primewalk runs the text model")
     for name, arr in raw.items():
+        if name.startswith(VISION_PREFIXES):
+            continue
+        dt = raw_dtypes.get(name)
+        if name.startswith(TEXT_PREFIX):
+            name = "model." + name[len(TEXT_PREFIX):]
+            if name in raw:
+                problems.append(f"{name} is stored twice (also under {TEXT_PREFIX})")
+                continue
         m = _EXPERT_RE.match(name)
         if m:
-            experts.setdefault(m.group(1), {})[(_PROJS.index(m.group(3)), int(m.group(2)))] = arr
+            experts.setdefault(m.group(1), {})[(_PROJS.index(m.group(3)), int(m.group(2)))] = (arr, dt)
             continue
         if name.endswith(".mlp.experts.gate_up_proj"):
             base = name[: -len(".gate_up_proj")]
@@ -219,10 +259,12 @@ def _normalise(raw: dict, cfg: ModelConfig) -> tuple[dict, list]:
             half = arr.shape[1] // 2
             out[base + ".gate_proj"] = np.ascontiguousarray(arr[:, :half])
             out[base + ".up_proj"] = np.ascontiguousarray(arr[:, half:])
+            dtypes[base + ".gate_proj"] = dtypes[base + ".up_proj"] = dt
             continue
         if name.endswith("linear_attn.conv1d.weight") and arr.ndim == 3 and arr.shape[1] == 1:
             arr = arr.reshape(arr.shape[0], arr.shape[2])
         out[name] = arr
+        dtypes[name] = dt
     for base, parts in experts.items():
         e = cfg.num_experts
         for kind, proj in enumerate(_PROJS):
@@ -235,12 +277,14 @@ def _normalise(raw: dict, cfg: ModelConfig) -> tuple[dict, list]:
                 problems.append(f"unexpected {base}.{{{','.join(map(str, extra[:8]))}}}.{proj}.weight")
             if lost or extra:
                 continue
-            shapes = {have[i].shape for i in range(e)}
+            shapes = {have[i][0].shape for i in range(e)}
             if len(shapes) != 1:
                 problems.append(f"{base}.*.{proj}.weight: experts have different shapes {sorted(shapes)}")
                 continue
-            out[f"{base}.{proj}"] = np.stack([have[i] for i in range(e)])
-    return out, problems
+            out[f"{base}.{proj}"] = np.stack([have[i][0] for i in range(e)])
+            stored = {have[i][1] for i in range(e)}
+            dtypes[f"{base}.{proj}"] = stored.pop() if len(stored) == 1 else "mixed"
+    return out, problems, dtypes, notes
 
 
 @dataclass
@@ -252,6 +296,12 @@ class Checkpoint:
     path: str = ""
     sha256: str = ""  # over the safetensors files, in file-name order
     files: list = field(default_factory=list)
+    dtypes: dict = field(default_factory=dict)  # internal name -> stored dtype ("BF16", "F32", ...)
+    notes: list = field(default_factory=list)  # one-line notes on what was read (vision tensors skipped ...)
+
+    def stored_as(self, names) -> set:
+        """The stored dtypes of the tensors ``names`` (None for a tensor not read from a file)."""
+        return {self.dtypes.get(n) for n in names}
 
     @property
     def has_mtp(self) -> bool:
@@ -309,16 +359,16 @@ def load_checkpoint(folder: str, check_finite: bool = True) -> Checkpoint:
     if not os.path.isdir(folder):
         raise CheckpointError(f"{folder}: not a folder")
     cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
-    raw, h = {}, hashlib.sha256()
+    raw, h, raw_dtypes = {}, hashlib.sha256(), {}
     files = _checkpoint_files(folder)
     for path in files:
-        t, digest = read_safetensors(path)
+        t, digest = read_safetensors(path, raw_dtypes)
         dup = sorted(set(t) & set(raw))
         if dup:
             raise CheckpointError(f"{path}: tensor(s) already in another shard: {', '.join(dup[:5])}")
         raw.update(t)
         h.update(os.path.basename(path).encode() + b"\0" + digest.encode())
-    tensors, problems = _normalise(raw, cfg)
+    tensors, problems, dtypes, notes = _normalise(raw, cfg, raw_dtypes)
     has_mtp = check_tensors(cfg, tensors, folder, problems)
     if not has_mtp:
         cfg.num_nextn_predict_layers = 0
@@ -328,7 +378,8 @@ def load_checkpoint(folder: str, check_finite: bool = True) -> Checkpoint:
         for k, a in tensors.items():
             if not np.isfinite(a).all():
                 raise CheckpointError(f"{folder}: tensor {k} contains NaN or Inf")
-    return Checkpoint(cfg, tensors, folder, h.hexdigest(), [os.path.basename(p) for p in files])
+    return Checkpoint(cfg, tensors, folder, h.hexdigest(), [os.path.basename(p) for p in files],
+                      {k: dtypes.get(k) for k in tensors}, notes)
 
 
 def to_file_tensors(ckpt_tensors: dict, per_expert: bool = True) -> dict:
@@ -351,18 +402,55 @@ def to_file_tensors(ckpt_tensors: dict, per_expert: bool = True) -> dict:
     return out
 
 
+SAVE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), rounded to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return r
+
+
+def save_bytes(tensors: dict, metadata: dict | None = None) -> bytes:
+    """safetensors bytes of ``tensors`` ({name: float32/float16 array, or uint16 bf16 bits}, the
+    last stored as BF16), in sorted name order (what ``safetensors.numpy.save`` lays out)."""
+    codes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.uint16): "BF16"}
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        b = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(blobs)
+
+
 def save_checkpoint(folder: str, cfg: ModelConfig, tensors: dict, max_shard_bytes: int | None = None,
                     dtype: str = "float32") -> None:
-    """Write config.json and safetensors (sharded with an index when ``max_shard_bytes`` is set)."""
-    from safetensors.numpy import save
-
+    """Write config.json and safetensors (sharded with an index when ``max_shard_bytes`` is set),
+    every tensor as ``dtype`` (float32, float16, or bfloat16 rounded to nearest even)."""
     from ..atomic import write_bytes_atomic, write_text_atomic
 
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {SAVE_DTYPES}")
     check_tensors(cfg, tensors, folder)
     os.makedirs(folder, exist_ok=True)
     cfg.save(os.path.join(folder, "config.json"))
-    ft = {k: np.ascontiguousarray(v, dtype=np.float16 if dtype == "float16" else np.float32)
+    ft = {k: to_bf16_bits(v) if dtype == "bfloat16" else
+          np.ascontiguousarray(v, dtype=np.float16 if dtype == "float16" else np.float32)
           for k, v in to_file_tensors(tensors).items()}
+    if dtype == "bfloat16":
+        save = save_bytes  # numpy has no bfloat16: our own writer stores the bits as BF16
+    else:
+        from safetensors.numpy import save
     names = sorted(ft)
     if not max_shard_bytes:
         write_bytes_atomic(os.path.join(folder, "model.safetensors"), save(ft, metadata={"format": "pt"}))
@@ -388,5 +476,5 @@ def save_checkpoint(folder: str, cfg: ModelConfig, tensors: dict, max_shard_byte
 
 __all__ = [
     "Checkpoint", "load_checkpoint", "save_checkpoint", "read_safetensors", "trunk_shapes",
-    "mtp_shapes", "check_tensors", "ConfigError",
+    "mtp_shapes", "check_tensors", "ConfigError", "save_bytes", "to_bf16_bits",
 ]

@@ -4,9 +4,11 @@
    16 key / 32 value heads × 128, attention 16 heads / 2 KV heads × 256, 512 experts top-10) —
    once on the CPU twin and once on CUDA; outputs (and updated state) are compared bitwise, with
    the max ulp distance reported where they differ.
-2. The tiny model and a larger random config run tokenwise, batched and split primes on both
-   backends; last-row logits, per-row logits and cache digests are compared across backends and
-   across schedules.
+2. The tiny model, a larger random config and the Qwen3.5-layout bf16 ``tiny-q35`` run
+   tokenwise, batched and split primes on both backends; last-row logits, per-row logits and
+   cache digests are compared across backends and across schedules. ``tiny-q35`` runs with its
+   weights bf16-resident on CUDA (the default for a bf16 checkpoint) and again widened to float32
+   (``*-f32-weights``): both must be the CPU twin's bits.
 
 The receipt (device, driver, commit, per-op and per-schedule verdicts) is written atomically.
 """
@@ -29,6 +31,11 @@ F32 = np.float32
 
 def _r(rng, *shape, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(F32)
+
+
+def _w16(rng, *shape, scale=1.0):
+    """Random bf16 weights as their bits (uint16)."""
+    return (_r(rng, *shape, scale=scale).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def op_cases(rng, full: bool = True):
@@ -141,6 +148,9 @@ def op_cases(rng, full: bool = True):
         b16 = (_r(rng, E * I, H, scale=H ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
         add("moe_up", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}", (_r(rng, R, H), b16, b16, idx, I, np.zeros((R * k, I), F32), R),
             [5])
+        add("moe_down", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}",
+            (_r(rng, R * k, I), (_r(rng, E * H, I, scale=I ** -0.5).view(np.uint32) >> 16).astype(np.uint16), idx, H,
+             np.zeros((R * k, H), F32), R), [4])
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
              np.zeros((R, H), F32), R), [5])
@@ -235,9 +245,10 @@ def schedule_runs(engine, ids, tokenwise_only=False):
 
 def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0) -> dict:
     from ..engine import backend as bk
+    from ..engine import bf16
     from ..engine.model import Engine
     from ..engine.weights import Checkpoint, load_checkpoint
-    from ..models import default_model_path
+    from ..models import default_model_path, model_path
     from ..synth import random_tensors
 
     cpu_b = bk.get_backend("cpu")
@@ -254,7 +265,8 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     tiny = load_checkpoint(default_model_path())
     big_cfg = larger_config()
     big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
-    for name, ck, T in (("tiny", tiny, 130), ("larger-random", big, 97 if full else 40)):
+    q35 = load_checkpoint(model_path("tiny-q35"))  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
+    for name, ck, T in (("tiny", tiny, 130), ("larger-random", big, 97 if full else 40), ("tiny-q35", q35, 130)):
         ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, T).astype(np.int32)
         res = {}
         for bname in ("cpu", "cuda"):
@@ -266,7 +278,13 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False), ids,
                                                             tokenwise_only=True)["tokenwise"]
         res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
-        for sched in ("tokenwise", "tokenwise-uncaptured", "batched", "split3"):
+        scheds = ["tokenwise", "tokenwise-uncaptured", "batched", "split3"]
+        if bf16.resolve(None, "cuda", ck) == "bf16":  # the same bits with the weights widened on the host
+            for sched in ("tokenwise", "batched"):
+                res["cuda"][sched + "-f32-weights"] = schedule_runs(Engine(ck, "cuda", weights="f32"), ids)[sched]
+                res["cpu"][sched + "-f32-weights"] = res["cpu"][sched]
+                scheds.append(sched + "-f32-weights")
+        for sched in scheds:
             lc, dc = res["cpu"][sched]
             lg, dg = res["cuda"][sched]
             lo, do = res["cpu"]["tokenwise"]

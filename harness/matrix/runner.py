@@ -182,13 +182,14 @@ class _Model:
     tokenizer: dict = field(default_factory=dict)  # what produced the text prompts' ids (receipt)
 
 
-def load_models(spec: MatrixSpec) -> dict:
-    """One engine per model (every cell of a model shares it), prompts checked against its vocab."""
+def load_models(spec: MatrixSpec, weights: str | None = None) -> dict:
+    """One engine per model (every cell of a model shares it), prompts checked against its vocab.
+    ``weights``: the engines' resident weights (``Engine``'s ``weights``; None: auto)."""
     out = {}
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        eng = Engine(ck, spec.backend)
+        eng = Engine(ck, spec.backend, weights=weights)
         tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
         m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size
@@ -259,7 +260,7 @@ def warm_models(spec: MatrixSpec, models: dict) -> float:
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
                progress: SilentProgress | None = None, warmup: bool = True,
-               bisect_failures: bool = False) -> dict:
+               bisect_failures: bool = False, weights: str | None = None) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
@@ -267,14 +268,16 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     the first cell (:func:`warm_models`), so no cell's timings include Numba compiling a kernel
     (``warmup_s`` records how long it took). :mod:`.pool` runs the same cells in worker
     processes or on Ray, with the same receipt. ``bisect_failures``: bisect every failed cell
-    against its oracle (:mod:`harness.matrix.bisect`) into its entry's ``bisect`` field."""
+    against its oracle (:mod:`harness.matrix.bisect`) into its entry's ``bisect`` field. ``weights``: the engines'
+    resident weights (auto, f32, bf16: the same bits, recorded in ``env.weights``)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     load_start = machine_load()
     cells, skipped = expand_all(spec)
     notes = [note_of(x) for x in skipped]
     progress.notes(notes)
-    models = models if models is not None else load_models(spec)
+    models = models if models is not None else load_models(spec, weights)
+    progress.notes([f"model {n}: {note}" for n, m in models.items() for note in m.ckpt.notes])
     warm_s = warm_models(spec, models) if warmup else 0.0
     mine = in_shard(cells, shard)
     by_id = {c.id: c for c in cells}
@@ -345,7 +348,8 @@ def engine_env(spec: MatrixSpec, engine, load_start: dict | None = None) -> dict
     B = engine.B
     env = env_info(spec.backend, device=None if spec.backend == "cpu" else B.device_name(),
                    driver=None if spec.backend == "cpu" else B.driver())
-    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None))
+    env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None),
+               weights=getattr(engine, "weights", "f32"))  # informational
     if load_start is not None:
         env.update(cores=load_start["cores"],
                    load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
