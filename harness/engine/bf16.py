@@ -75,3 +75,12 @@ def round_to_bf16(a: np.ndarray) -> np.ndarray:
 def widen(h: np.ndarray) -> np.ndarray:
     """bf16 bits (uint16) -> float32, exactly."""
     return (np.asarray(h, dtype=np.uint32) << 16).view(np.float32)
+
+
+def decode_bytes(tensors: dict, resident: str) -> int:
+    """Bytes of the trunk weights one decode step reads (MTP head and embedding excluded; the lm
+    head included) when the weights are ``resident`` ("f32" | "bf16"): the numerator of a decode
+    floor."""
+    kept = set(matrix_names(tensors)) if resident == "bf16" else set()
+    return sum(a.size * (2 if k in kept else 4) for k, a in tensors.items()
+               if not k.startswith("mtp.") and k != "model.embed_tokens.weight")

@@ -374,12 +374,11 @@ def bf16_engine(ck):
 
     from ..engine import bf16
     from ..engine.model import Engine
-    from .bench_bf16 import decode_bytes
 
     names = set(bf16.matrix_names(ck.tensors))
     t16 = {k: bf16.round_to_bf16(v) if k in names else v for k, v in ck.tensors.items()}
     ck16 = dataclasses.replace(ck, tensors=t16, dtypes={k: "BF16" for k in names})
-    return Engine(ck16, BACKEND, check_finite=True, weights="bf16"), decode_bytes(t16, "bf16")
+    return Engine(ck16, BACKEND, check_finite=True, weights="bf16"), bf16.decode_bytes(t16, "bf16")
 
 
 def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):

@@ -32,7 +32,8 @@ ENGINE_FILES = (
     "harness/engine/model.py",
 )
 EVIDENCE_GLOBS = ("receipts/device/*.json", "receipts/bench/*.json")
-REFRESH = "PRIMEWALK_COMMIT=$(git rev-parse HEAD) bash tools/device_run.sh OUT all"
+REFRESH = ("PRIMEWALK_COMMIT=$(git rev-parse HEAD) bash tools/device_evidence.sh OUT && "
+           "PRIMEWALK_COMMIT=$(git rev-parse HEAD) bash tools/device_run.sh OUT bench")
 
 
 def fingerprint_files(root: str) -> list[str]:

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU evidence in one device command, every check at once: each runs in its own process
+# (compiling the kernels is CPU-bound and the device machine has many cores), on one GPU. Then the
+# CPU-side comparisons with the committed CPU receipts. harness bench runs separately, alone on
+# the GPU (its timings are the measurement): bash tools/device_run.sh OUTDIR bench.
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_evidence.sh OUTDIR [MODE_BF16=1]
+# Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
+# each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 280) bounds
+# each job.
+set -uo pipefail
+out=${1:?usage: tools/device_evidence.sh OUTDIR}
+T=${T:-280}
+res="$out/results"
+mkdir -p "$res"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
+h="python -m harness.cli"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/nvidia-smi.txt"
+job() {
+  local name=$1; shift
+  (
+    s=$(date +%s)
+    timeout "$T" "$@" > "$res/$name.log" 2>&1
+    echo "$name exit $? $(( $(date +%s) - s )) s" >> "$res/jobs.txt"
+  ) &
+}
+own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its tokenizer, on text prompts
+  python - "$out/own" <<'PY'
+import json, os, sys
+sys.path.insert(0, "tests")
+import own_checkpoint as oc
+folder = sys.argv[1]
+os.makedirs(folder, exist_ok=True)
+oc.build(os.path.join(folder, "ckpt"))
+with open(os.path.join(folder, "own.toml"), "w") as f:
+    f.write("max_new_tokens = 16\nk = [1, 2, 3]\n"
+            'sampling = [{ temperature = 0.0, seed = 0 }, { temperature = 0.7, seed = 7 }]\n'
+            'variants = ["unyielded", "tokenwise", { name = "split", at = [0.5] }, "yielded-with-peer",'
+            ' { name = "yielded-with-peer", split = 0.5, checkpoint = 0.5 }, "short"]\n'
+            '[models]\nown = "ckpt"\n[[prompts]]\nkind = "text"\nname = "long"\ntext = ' + json.dumps(oc.LONG_TEXT)
+            + '\n[[prompts]]\nkind = "text"\nname = "short"\ntext = "Hello there, prime walker."\n')
+PY
+  $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots
+  $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
+}
+job device-check $h device-check --out "$res/h200-device-check.json"
+job device-walker $h device-walker --out "$res/h200-walker.json"
+job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
+job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots
+job tiny-q35-bf16 $h run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights bf16 \
+  --out "$res/h200-tiny-q35-bf16.json" --quiet --no-plots
+job tiny-q35-f32 $h run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights f32 \
+  --out "$res/h200-tiny-q35-f32.json" --quiet --no-plots
+job workers2 $h run-matrix --spec harness/specs/tiny.toml --backend cuda --workers 2 \
+  --out "$res/h200-tiny-w2.json" --quiet --no-plots
+job bisect-cpu-cuda $h bisect --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda \
+  --out "$res/h200-bisect-tiny-cpu-cuda.json"
+job bisect-fault $h bisect --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
+  --fault 2:recurrence:200 --out "$res/h200-bisect-tiny-fault.json"
+job own own_spec
+if [ "${MODE_BF16:-0}" = 1 ]; then
+  job mma-tiny $h run-matrix --spec harness/specs/tiny.toml --backend cuda --mode exact-bf16 \
+    --out "$res/h200-tiny-exact-bf16.json" --quiet --no-plots
+  job mma-tiny-cpu $h run-matrix --spec harness/specs/tiny.toml --mode exact-bf16 \
+    --out "$res/cpu-tiny-exact-bf16.json" --quiet --no-plots
+fi
+wait
+sort "$res/jobs.txt"
+{
+  d() { echo "== $*"; $h diff --digests-only "$@" 2>&1 | tail -2; }
+  d receipts/golden/default.json "$res/h200-default.json"
+  d receipts/stdlib/cpu.json "$res/h200-stdlib.json"
+  d receipts/golden/tiny-q35.json "$res/h200-tiny-q35-bf16.json"
+  d receipts/golden/tiny-q35.json "$res/h200-tiny-q35-f32.json"
+  d receipts/golden/tiny.json "$res/h200-tiny-w2.json"
+  d "$res/own-cpu.json" "$res/own-cuda.json"
+  [ -f "$res/h200-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/h200-tiny-exact-bf16.json"
+} > "$res/diffs.txt" 2>&1
+cat "$res/diffs.txt"
+for f in device-check device-walker; do tail -2 "$res/$f.log"; done
+tail -3 "$res/bisect-cpu-cuda.log" "$res/bisect-fault.log"
+tar cf "$out/results.tar" -C "$out" results
