@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from ..errors import PrimewalkError
-from .common import load_model, model_arg, prompt_args, prompt_ids
+from .common import load_model, model_arg, prompt_args, prompt_ids, weights_arg
 
 BACKENDS = ("reference", "cpu", "cuda")
 
@@ -65,5 +65,6 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="cpu (the Numba twin), cuda, or reference (numpy float64); default: "
                         "$PRIMEWALK_BACKEND or cpu")
+    weights_arg(p)
     p.add_argument("--out", required=True, metavar="F.npy", help="output file (float64 for reference, float32 otherwise)")
     p.set_defaults(func=cmd_logits)
