@@ -25,8 +25,9 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from . import attention, conv, deltanet, dispatch, elementwise, exact, linear, moe, norms, rope, sampling, tags
+from . import mma_attention, mma_gemm
 
-FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling)
+FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling, mma_gemm, mma_attention)
 
 
 # ------------------------------------------------------------------------------------------------
