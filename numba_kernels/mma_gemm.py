@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tags import bits_to_f32, body, cuda, grid1, kernel, launch, launcher, prange, twin
+from .exact import silu32
+from .tags import bits_to_f32, body, cuda, fmul, grid1, kernel, launch, launcher, prange, twin
 
 MMA_K = 16  # terms per MMA step
 MMA_GRID_FLOOR = -158  # the alignment grid never goes below 2^-158 (mma.GRID_FLOOR)
@@ -257,3 +258,74 @@ def linear_mma_naive(X, W, out, R):
 def linear_mma_cuda(X, W, out, R):
     """exact-bf16 linear (see the twin)."""
     linear_mma_naive(X, W, out, R)
+
+
+# ------------------------------------------------------------------------------------------------
+# MoE experts on the MMA (shapes and routing as numba_kernels.moe)
+# ------------------------------------------------------------------------------------------------
+@body
+def moe_up_mma_at(Xu, G2u, U2u, idx, I, act, rq, i):
+    """act[rq, i] = silu(MMA-dot(x_r, G[e, i]))·MMA-dot(x_r, U[e, i]) for rank q of row r."""
+    k = idx.shape[1]
+    r = rq // k
+    row = idx[r, rq - r * k] * I + i
+    H = Xu.shape[1]
+    act[rq, i] = fmul(silu32(mma_f32(mma_dot(Xu, r, 0, G2u, row, 0, 0, 1, H))),
+                      mma_f32(mma_dot(Xu, r, 0, U2u, row, 0, 0, 1, H)))
+
+
+@body
+def moe_down_mma_at(actu, D2u, idx, H, yu, rq, d):
+    k = idx.shape[1]
+    r = rq // k
+    yu[rq, d] = mma_dot(actu, rq, 0, D2u, idx[r, rq - r * k] * H + d, 0, 0, 1, actu.shape[1])
+
+
+@twin("moe_up_mma", parallel=True)
+def moe_up_mma_cpu(X, G2, U2, idx, I, act, R):
+    """exact-bf16 ``moe_up``: the expert dots on the MMA (G2, U2 bf16 values)."""
+    Xu = X.view(np.uint32)
+    G2u = G2.view(np.uint32)
+    U2u = U2.view(np.uint32)
+    for rqi in prange(R * idx.shape[1] * I):
+        rq = rqi // I
+        moe_up_mma_at(Xu, G2u, U2u, idx, I, act, rq, rqi - rq * I)
+
+
+@twin("moe_down_mma", parallel=True)
+def moe_down_mma_cpu(act, D2, idx, H, y, R):
+    """exact-bf16 ``moe_down`` (D2 bf16 values)."""
+    actu = act.view(np.uint32)
+    D2u = D2.view(np.uint32)
+    yu = y.view(np.uint32)
+    for rqd in prange(R * idx.shape[1] * H):
+        rq = rqd // H
+        moe_down_mma_at(actu, D2u, idx, H, yu, rq, rqd - rq * H)
+
+
+@kernel
+def moe_up_mma_k(Xu, G2u, U2u, idx, I, act, R):
+    i = cuda.grid(1)
+    if i < R * idx.shape[1] * I:
+        rq = i // I
+        moe_up_mma_at(Xu, G2u, U2u, idx, I, act, rq, i - rq * I)
+
+
+@launcher("moe_up_mma")
+def moe_up_mma_cuda(X, G2, U2, idx, I, act, R):
+    launch(moe_up_mma_k, *grid1(R * idx.shape[1] * I), X.view(np.uint32), G2.view(np.uint32), U2.view(np.uint32),
+           idx, I, act, R)
+
+
+@kernel
+def moe_down_mma_k(actu, D2u, idx, H, yu, R):
+    i = cuda.grid(1)
+    if i < R * idx.shape[1] * H:
+        rq = i // H
+        moe_down_mma_at(actu, D2u, idx, H, yu, rq, i - rq * H)
+
+
+@launcher("moe_down_mma")
+def moe_down_mma_cuda(act, D2, idx, H, y, R):
+    launch(moe_down_mma_k, *grid1(R * idx.shape[1] * H), act.view(np.uint32), D2.view(np.uint32), idx, H,
+           y.view(np.uint32), R)

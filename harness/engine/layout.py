@@ -56,62 +56,68 @@ class EngineWeights:
     mtp: dict | None  # fc, norm_e, norm_h, norm, layer (a full-attention layer dict); None without a head
 
 
-def prepare_weights(cfg: ModelConfig, t: dict, upload, has_mtp: bool) -> EngineWeights:
+def prepare_weights(cfg: ModelConfig, t: dict, upload, has_mtp: bool, upload_w=None) -> EngineWeights:
     """Upload the checkpoint tensors ``t`` (internal names, float32) in the engine layout;
-    ``upload(host array) -> backend array``."""
+    ``upload(host array) -> backend array``; ``upload_w`` (default ``upload``) uploads the GEMM
+    weights (the mode's rounding, :mod:`.modes`)."""
+    uw = upload_w or upload
     embed = upload(np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=np.float32))
-    lm_head = embed if cfg.tie_word_embeddings else upload(t["lm_head.weight"])
+    if cfg.tie_word_embeddings:
+        lm_head = embed if upload_w is None else uw(t["model.embed_tokens.weight"])
+    else:
+        lm_head = uw(t["lm_head.weight"])
     final_norm = upload(t["model.norm.weight"])
-    layers = [prepare_layer(cfg, t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i), upload)
+    layers = [prepare_layer(cfg, t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i), upload, upload_w)
               for i, kind in enumerate(cfg.layer_types)]
     mtp = None
     if has_mtp:
         mtp = {
-            "fc": upload(t["mtp.fc.weight"]),
+            "fc": uw(t["mtp.fc.weight"]),
             "norm_e": upload(t["mtp.pre_fc_norm_embedding.weight"]),
             "norm_h": upload(t["mtp.pre_fc_norm_hidden.weight"]),
             "norm": upload(t["mtp.norm.weight"]),
-            "layer": prepare_layer(cfg, t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0), upload),
+            "layer": prepare_layer(cfg, t, "mtp.layers.0.", "full_attention", cfg.is_moe_layer(0), upload, upload_w),
         }
     return EngineWeights(embed, lm_head, final_norm, layers, mtp)
 
 
-def prepare_layer(cfg: ModelConfig, t: dict, p: str, kind: str, moe: bool, upload) -> dict:
+def prepare_layer(cfg: ModelConfig, t: dict, p: str, kind: str, moe: bool, upload, upload_w=None) -> dict:
     """One decoder layer (tensor prefix ``p``) as a dict: ``kind``, ``moe``, ``name``,
     ``in_norm``, ``post_norm``; DeltaNet ``qkvz`` [q‖k‖v‖z, H], ``ba`` [b‖a, H], ``conv``,
     ``A_log``, ``dt_bias``, ``norm``, ``out``; or attention ``qkv`` [queries‖gates‖K‖V, H],
     ``q_norm``, ``k_norm``, ``o``; then a dense MLP ``gu`` [gate‖up, H], ``down``, ``inter``, or
     MoE ``router``, ``G2``/``U2`` [E·I, H], ``D2`` [E·H, I], ``shared`` and, with a shared
-    expert, ``sgu``, ``sdown``, ``sgate``."""
-    up = upload
+    expert, ``sgu``, ``sdown``, ``sgate``. The GEMM weights go through ``upload_w`` (default
+    ``upload``)."""
+    up, uw = upload, upload_w or upload
     L = {"kind": kind, "moe": moe, "name": p.rstrip("."),
          "in_norm": up(t[p + "input_layernorm.weight"]),
          "post_norm": up(t[p + "post_attention_layernorm.weight"])}
     if kind == LINEAR:
         a = p + "linear_attn."
-        L.update(qkvz=up(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
-                 ba=up(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
+        L.update(qkvz=uw(t[a + "in_proj_qkvz.weight"][qkvz_order(cfg)]),
+                 ba=uw(t[a + "in_proj_ba.weight"][ba_order(cfg)]),
                  conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
                  dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
-                 out=up(t[a + "out_proj.weight"]))
+                 out=uw(t[a + "out_proj.weight"]))
     else:
         s = p + "self_attn."
-        L.update(qkv=up(np.concatenate([t[s + "q_proj.weight"][q_gate_order(cfg)],
+        L.update(qkv=uw(np.concatenate([t[s + "q_proj.weight"][q_gate_order(cfg)],
                                         t[s + "k_proj.weight"], t[s + "v_proj.weight"]])),
                  q_norm=up(t[s + "q_norm.weight"]), k_norm=up(t[s + "k_norm.weight"]),
-                 o=up(t[s + "o_proj.weight"]))
+                 o=uw(t[s + "o_proj.weight"]))
     if not moe:
-        L.update(gu=up(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
-                 down=up(t[p + "mlp.down_proj.weight"]), inter=cfg.intermediate_size)
+        L.update(gu=uw(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
+                 down=uw(t[p + "mlp.down_proj.weight"]), inter=cfg.intermediate_size)
     else:
         e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        L.update(router=up(t[p + "mlp.gate.weight"]),
-                 G2=up(t[p + "mlp.experts.gate_proj"].reshape(e * i, h)),
-                 U2=up(t[p + "mlp.experts.up_proj"].reshape(e * i, h)),
-                 D2=up(t[p + "mlp.experts.down_proj"].reshape(e * h, i)))
+        L.update(router=uw(t[p + "mlp.gate.weight"]),
+                 G2=uw(t[p + "mlp.experts.gate_proj"].reshape(e * i, h)),
+                 U2=uw(t[p + "mlp.experts.up_proj"].reshape(e * i, h)),
+                 D2=uw(t[p + "mlp.experts.down_proj"].reshape(e * h, i)))
         L["shared"] = cfg.shared_expert_intermediate_size > 0
         if L["shared"]:
             q = p + "mlp.shared_expert."
-            L.update(sgu=up(np.concatenate([t[q + "gate_proj.weight"], t[q + "up_proj.weight"]])),
-                     sdown=up(t[q + "down_proj.weight"]), sgate=up(t[p + "mlp.shared_expert_gate.weight"]))
+            L.update(sgu=uw(np.concatenate([t[q + "gate_proj.weight"], t[q + "up_proj.weight"]])),
+                     sdown=uw(t[q + "down_proj.weight"]), sgate=uw(t[p + "mlp.shared_expert_gate.weight"]))
     return L

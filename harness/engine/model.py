@@ -26,6 +26,7 @@ from .config import LINEAR
 from .digests import config_fingerprint
 from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
+from .modes import check_mode, mode_ops, weight_upload
 from .rope import rope_tables
 from .weights import Checkpoint
 
@@ -61,10 +62,11 @@ class Engine:
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, mode: str | None = None):
         self.ckpt, self.cfg = ckpt, ckpt.config
+        self.mode = check_mode(mode)  # exact | exact-bf16 (.modes)
         self.B = get_backend(backend)
-        self.ops = self.B.ops
+        self.ops = mode_ops(self.B.ops, self.mode)
         self.check_finite = check_finite
         self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)
         self.steps = StepRunner(self.B, self.ops, self.graphs)
@@ -73,7 +75,8 @@ class Engine:
         self._ws: dict = {}
         self._rope_n = 0
         self._flag_buf = None
-        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp)
+        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp,
+                            None if self.mode == "exact" else weight_upload(self.mode, self.B.upload))
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
