@@ -210,17 +210,107 @@ def linear_mma_at(Xu, Wu, outu, r, o):
     outu[r, o] = mma_dot(Xu, r, 0, Wu, o, 0, 0, 1, Wu.shape[1])
 
 
+@body
+def mma_decode(Au, r, K, M, L):
+    """Row r of Au (uint32 view of float32), K columns, as bf16 fields: M[r, k] the signed significand (the
+    implicit bit included; 0 for ±0), L[r, k] the exponent field (1 for a subnormal). Returns
+    True when the row holds ±∞ or NaN (its outputs take :func:`mma_dot`)."""
+    special = False
+    for k in range(K):
+        a = bf16_of(Au[r, k])
+        ea = (a >> 7) & 0xFF
+        m = a & 0x7F
+        if ea == 255:
+            special = True
+        if ea != 0:
+            m |= 0x80
+        if (a >> 15) & 1:
+            m = -m
+        M[r, k] = m
+        L[r, k] = ea if ea != 0 else 1
+    return special
+
+
+@body
+def mma_step_dec(XM, XL, r, WM, WL, o, k0, n, c):
+    """:func:`mma_step` on decoded finite operands (:func:`mma_decode`); c may be anything."""
+    c = np.int64(c) & 0xFFFFFFFF
+    ec = (c >> 23) & 0xFF
+    fc = c & 0x7FFFFF
+    if ec == 255:
+        return np.int64(MMA_NAN) if fc != 0 else c
+    emax = np.int64(-(1 << 20))
+    for k in range(k0, k0 + n):
+        if XM[r, k] != 0 and WM[o, k] != 0:
+            e = np.int64(XL[r, k] + WL[o, k])
+            if e > emax:
+                emax = e
+    emax -= 254
+    c_zero = ec == 0 and fc == 0
+    if not c_zero:
+        e = (ec if ec != 0 else 1) - 127
+        if e > emax:
+            emax = e
+    if emax < -(1 << 19):
+        return np.int64(0)
+    g = emax - 25
+    if g < MMA_GRID_FLOOR:
+        g = MMA_GRID_FLOOR
+    S = np.int64(0)
+    for k in range(k0, k0 + n):
+        p = np.int64(XM[r, k]) * np.int64(WM[o, k])
+        if p != 0:
+            t = mma_term(p if p > 0 else -p, np.int64(XL[r, k] + WL[o, k]) - 268, g)
+            if p > 0:
+                S += t
+            else:
+                S -= t
+    if not c_zero:
+        t = mma_term(fc | 0x800000 if ec != 0 else fc, (ec if ec != 0 else 1) - 150, g)
+        if (c >> 31) & 1:
+            S -= t
+        else:
+            S += t
+    return mma_round(S, g)
+
+
+@body
+def linear_mma_dec_at(Xu, Wu, XM, XL, xs, WM, WL, ws, outu, r, o):
+    """One output from decoded rows (:func:`mma_step_dec`), or :func:`mma_dot` where the row or
+    the weight row holds ±∞/NaN: the same bits either way (``tests/test_mma_gemm.py``)."""
+    K = Wu.shape[1]
+    if xs[r] or ws[o]:
+        outu[r, o] = mma_dot(Xu, r, 0, Wu, o, 0, 0, 1, K)
+        return
+    d = np.int64(0)
+    for s in range(0, K, MMA_K):
+        d = mma_step_dec(XM, XL, r, WM, WL, o, s, min(MMA_K, K - s), d)
+    outu[r, o] = d
+
+
 @twin("linear_mma", parallel=True)
 def linear_mma_cpu(X, W, out, R):
     """exact-bf16 ``out[r, o] = Σ_k bf16(X[r, k])·W[o, k]`` (MMA steps of 16) for r < R.
-    X: [≥R, K]; W: [N, K] (bf16 values); out: [≥R, N]; all float32, C-contiguous."""
+    X: [≥R, K]; W: [N, K] (bf16 values); out: [≥R, N]; all float32, C-contiguous. The rows of X
+    and W are decoded to bf16 fields once (:func:`mma_decode`), then every output runs its steps
+    on the fields (:func:`mma_step_dec`)."""
     Xu = X.view(np.uint32)
     Wu = W.view(np.uint32)
     outu = out.view(np.uint32)
-    N = W.shape[0]
+    N, K = W.shape
+    XM = np.empty((R, K), np.int16)
+    XL = np.empty((R, K), np.int16)
+    WM = np.empty((N, K), np.int16)
+    WL = np.empty((N, K), np.int16)
+    xs = np.zeros(R, np.bool_)
+    ws = np.zeros(N, np.bool_)
+    for r in prange(R):
+        xs[r] = mma_decode(Xu, r, K, XM, XL)
+    for o in prange(N):
+        ws[o] = mma_decode(Wu, o, K, WM, WL)
     for ro in prange(R * N):
         r = ro // N
-        linear_mma_at(Xu, Wu, outu, r, ro - r * N)
+        linear_mma_dec_at(Xu, Wu, XM, XL, xs, WM, WL, ws, outu, r, ro - r * N)
 
 
 @twin("mma_steps", parallel=True, host=True)

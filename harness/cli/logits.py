@@ -8,7 +8,7 @@ import io
 import numpy as np
 
 from ..errors import PrimewalkError
-from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
+from .common import backend_arg, load_model, mode_arg, model_arg, prompt_args, prompt_ids
 
 
 def cmd_logits(args) -> int:
@@ -20,6 +20,8 @@ def cmd_logits(args) -> int:
     bad = [i for i in ids if not 0 <= i < V]
     if bad:
         raise PrimewalkError(f"token id {bad[0]} is out of range for vocab_size {V}")
+    if args.backend in (None, "reference") and args.mode not in (None, "exact"):
+        raise PrimewalkError(f"--mode {args.mode} needs --backend cpu or cuda (the reference is float64)")
     if args.backend in (None, "reference"):
         from numba_kernels.reference import RefModel
 
@@ -27,7 +29,7 @@ def cmd_logits(args) -> int:
     else:
         from ..engine.model import Engine
 
-        eng = Engine(ck, args.backend)
+        eng = Engine(ck, args.backend, mode=args.mode)
         logits, _ = eng.target_step(eng.new_session(len(ids)), np.asarray(ids))
     buf = io.BytesIO()
     np.save(buf, logits, allow_pickle=False)
@@ -44,5 +46,6 @@ def register(sub) -> None:
     model_arg(p)
     prompt_args(p)
     backend_arg(p, ("reference", "cpu", "cuda"))
+    mode_arg(p)
     p.add_argument("--out", required=True, metavar="F.npy", help="output file (float64 for reference, float32 otherwise)")
     p.set_defaults(func=cmd_logits)

@@ -13,6 +13,7 @@ from ..matrix.builtin import GOLDEN_DIR, REPO, SPECS_DIR
 from ..matrix.diff import diff_receipts
 from ..matrix.receipts import merge_receipts, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
+from .common import mode_arg
 from .progress import Progress
 
 
@@ -57,7 +58,7 @@ def summary_line(receipt: dict, path: str, plots: list | None) -> str:
 
 def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
-    spec = load_spec(args.spec, backend=args.backend, model=args.model)
+    spec = load_spec(args.spec, backend=args.backend, model=args.model, mode=args.mode)
     if args.update_golden:
         if spec.golden is None:
             raise PrimewalkError(f"--update-golden: {spec.where} is not a built-in spec; only the specs under "
@@ -68,6 +69,8 @@ def cmd_run_matrix(args) -> int:
             why.append(f"the backend is {spec.backend}")
         if args.model is not None:
             why.append("--model is given")
+        if args.mode is not None:
+            why.append("--mode is given (a golden records its spec's own mode)")
         if shard != (0, 1):
             why.append("--shard is given")
         if args.out is not None:
@@ -115,6 +118,7 @@ def _register_run_matrix(subparsers) -> None:
                "--out out/s1.json\n"
                "  harness merge out/default.json out/s0.json out/s1.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
+               "  harness run-matrix --mode exact-bf16 --out out/default-bf16.json  # the bf16 tensor-core mode\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
                "  (--update-golden takes the built-in specs under harness/specs/ only, on the cpu backend)\n"
@@ -127,6 +131,7 @@ def _register_run_matrix(subparsers) -> None:
                    help="run every cell on this checkpoint folder instead of the spec's models")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
+    mode_arg(p, "the spec's")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/<spec stem>.json; a .csv and figures go beside it)")
     p.add_argument("--shard", metavar="I/N", default=None,

@@ -14,13 +14,13 @@ from ..walk.check import check_mtp_prime_walker
 from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
 from ..walk.sampling import Sampling
 from ..walk.speculative import generate
-from .common import backend_arg, load_model, model_arg, prompt_args, prompt_ids
+from .common import backend_arg, load_model, mode_arg, model_arg, prompt_args, prompt_ids
 
 
 def _engine(args):
     ck = load_model(args.model)
     ck.require_mtp(f"harness {args.command}")
-    return Engine(ck, args.backend)
+    return Engine(ck, args.backend, mode=args.mode)
 
 
 def cmd_check(args) -> int:
@@ -81,6 +81,7 @@ def register(sub) -> None:
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="batched prime chunk rows")
     p.add_argument("--fill-chunk", type=int, default=DEFAULT_FILL_CHUNK, help="MTP fill chunk rows")
     backend_arg(p)
+    mode_arg(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("generate", help="speculative (MTP) generation with acceptance metrics",
@@ -95,4 +96,5 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (counter RNG)")
     p.add_argument("--plain", action="store_true", help="plain decoding (no drafts), for comparison")
     backend_arg(p)
+    mode_arg(p)
     p.set_defaults(func=cmd_generate)

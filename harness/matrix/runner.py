@@ -175,7 +175,7 @@ def load_models(spec: MatrixSpec) -> dict:
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        eng = Engine(ck, spec.backend)
+        eng = Engine(ck, spec.backend, mode=spec.mode)
         m = _Model(name, folder, ck, eng)
         V = ck.config.vocab_size
         for ps in spec.prompts:
