@@ -32,3 +32,11 @@ VERSIONS = {f.__name__: t["of"] for f, t in tags.tagged(FAMILIES, "launcher") if
 globals().update(tags.constants(FAMILIES))
 globals().update({f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")})
 globals().update(OPS)
+
+# exact-bf16 (issue #19): on a GPU, linear_mma issues mma.sync (mma_tc.py: inline PTX, which the
+# simulator cannot run); under the simulator it stays the naive kernel (the twin's emulation)
+if not SIMULATED:
+    from . import mma_tc
+
+    linear_mma_tc = mma_tc.linear_mma_tc
+    linear_mma = dispatch.MMA_KERNELS["linear_mma"] = linear_mma_tc

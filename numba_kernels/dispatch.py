@@ -46,3 +46,11 @@ def gemv_version_from_env(env=os.environ) -> str:
     if v not in GEMV_VERSIONS:
         raise ValueError(f"PRIMEWALK_LINEAR={v!r}: expected v1 or v3")
     return v
+
+
+# ---- exact-bf16 (issue #19) ---------------------------------------------------------------------
+# One kernel per op at every row count (rows are independent inside an MMA, so a decode row padded
+# to 16 is the same row of a prime). On a GPU numba_kernels.cuda sets "linear_mma" to the
+# tensor-core kernel (mma_tc.linear_mma_tc); the other ops, and everything under the simulator,
+# run the naive kernels (the twin's emulation, one thread per output).
+MMA_KERNELS: dict = {}

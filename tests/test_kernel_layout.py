@@ -66,7 +66,7 @@ def test_host_helpers_and_versions():
     assert host and all(SIGS[n].get("host") for n in host)
     versions = {n: s["of"] for n, s in SIGS.items() if "cpu" not in s}
     assert set(versions) == {"linear_naive", "gemv_v1", "gemv_v3", "gemm", "attention_tiled", "attention_split",
-                             "gdn_recurrence_naive"}
+                             "gdn_recurrence_naive", "linear_mma_naive", "attention_mma_naive"}
     for n, of in versions.items():
         assert SIGS[n]["cuda"] == SIGS[of]["cuda"], (n, of)
 
