@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The GPU evidence, run on the device machine from the repository root:
-#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|all]
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|bf16|all]
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
 #        default matrix and the stdlib-small acceptance matrix with --backend cuda.
 # bench: harness bench (bench-8l vs transformers and hardware anchors).
+# bf16: exact-bf16 (issue #19): tools/probe_mma_gemm.py, then the default and stdlib matrices with
+#       --backend cuda --mode exact-bf16 (device-check in "check" covers the MMA ops and the mode).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|all]}
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|bf16|all]}
 what=${2:-all}
 res="$out/results"
 mkdir -p "$res"
@@ -59,6 +61,19 @@ PY
   python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots || echo "run-matrix stdlib exit $?"
   t2=$(ms)
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
+fi
+if [ "$what" = bf16 ] || [ "$what" = all ]; then
+  # exact-bf16 (issue #19): the tensor-core GEMM probe (bitwise vs the CPU twin, timed vs torch bf16),
+  # then the default and stdlib matrices in the mode on the GPU (diff them against the CPU receipts)
+  python tools/probe_mma_gemm.py --out "$res/mma-gemm" > "$res/probe-mma-gemm.log" 2>&1 || echo "probe_mma_gemm exit $?"
+  tail -12 "$res/probe-mma-gemm.log"
+  t0=$(ms)
+  python -m harness.cli run-matrix --backend cuda --mode exact-bf16 --out "$res/h200-default-bf16.json" --quiet --no-plots || echo "run-matrix bf16 exit $?"
+  t1=$(ms)
+  echo "default matrix exact-bf16, --backend cuda wall: $((t1 - t0)) ms" | tee -a "$res/walls.txt"
+  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 --out "$res/h200-stdlib-bf16.json" --quiet --no-plots || echo "run-matrix stdlib bf16 exit $?"
+  t2=$(ms)
+  echo "stdlib matrix exact-bf16, --backend cuda wall: $((t2 - t1)) ms" | tee -a "$res/walls.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python -m harness.cli bench --out "$res/h200-bench.json" 2>&1 | tee "$res/bench.log" | tail -30 || echo "bench exit $?"
