@@ -179,3 +179,16 @@ def test_modes_differ_and_bad_mode_is_one_line(engines):
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
     with pytest.raises(InputError, match="unknown mode 'bf16'"):
         Engine(e32.ckpt, "cpu", mode="bf16")
+
+
+def test_spec_mode_is_part_of_the_spec_hash():
+    from harness.errors import PrimewalkError
+    from harness.matrix.receipts import spec_hash
+    from harness.matrix.specfile import load_spec
+
+    a = load_spec(os.path.join(REPO, "harness", "specs", "tiny.toml"))
+    b = load_spec(os.path.join(REPO, "harness", "specs", "tiny.toml"), mode="exact-bf16")
+    assert (a.mode, b.mode) == ("exact", "exact-bf16") and b.data["mode"] == "exact-bf16"
+    assert spec_hash(a.data) != spec_hash(b.data)
+    with pytest.raises(PrimewalkError, match="--mode: expected one of exact, exact-bf16"):
+        load_spec(os.path.join(REPO, "harness", "specs", "tiny.toml"), mode="fp8")
