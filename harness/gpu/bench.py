@@ -354,6 +354,13 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "yield overhead <= 2 %": mine["yield_overhead_pct"] <= 2.0,
         "peak <= weights + 2 GB at 32k": ratios["peak_over_weights_bytes"] <= 2 * 1024 ** 3,
     }
+    from . import bench_bf16  # exact-bf16 beside exact and transformers bf16 (issue #19)
+
+    bf = attempt("exact-bf16", lambda: bench_bf16.measure(ck, ids4096, ids512, timer, quick, bw, weight_bytes,
+                                                          hf["bf16"]))
+    if bf is not None:
+        ratios.update(bf[1])
+        goals.update(bf[2])
     result = {
         "kind": "bench", "schema_version": 1, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -361,7 +368,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0):
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "weights_bytes_decode": weight_bytes, "weights_bytes_all": all_weight_bytes,
         "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "sgemm": sgemm,
-        "hf": hf, "primewalk": mine, "ratios": ratios, "goals": goals,
+        "hf": hf, "primewalk": mine, "primewalk_bf16": None if bf is None else bf[0], "ratios": ratios, "goals": goals,
         "wall_s": round(time.perf_counter() - t_all, 1), "errors": errors,
     }
     write_text_atomic(out_path, json.dumps(result, indent=1, sort_keys=True) + "\n")
@@ -387,6 +394,9 @@ def table(r) -> str:
     out.append(f"yield overhead {m['yield_overhead_pct']:.2f} %; GDN recurrence share of prime "
                f"{100 * m['gdn_recurrence_share_of_prime']:.1f} %; peak used {m['peak_used_bytes'] / 2**30:.2f} GiB "
                f"(weights {r['weights_bytes_all'] / 2**30:.2f} GiB); logits rel err vs hf fp32 {m['logits_rel_err_vs_hf_fp32']:.2e}")
+    from .bench_bf16 import table_lines
+
+    out += table_lines(r)
     for k, v in r["ratios"].items():
         out.append(f"ratio {k}: {v:.3f}" if isinstance(v, float) else f"ratio {k}: {v}")
     for k, v in r["goals"].items():
