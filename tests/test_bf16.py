@@ -110,7 +110,7 @@ def test_bf16_on_a_float32_checkpoint_is_refused():
 
 
 def test_cli_weights_bf16_one_line_error(capsys):
-    for argv, msg in ((["--backend", "cpu"], "--weights bf16: "), ([], "--weights bf16 needs --backend cpu or cuda")):
+    for argv, msg in ((["--backend", "cpu"], "--weights bf16: "), (["--backend", "reference"], "--weights bf16 needs --backend cpu or cuda")):
         rc = main(["logits", "--ids", "1,2,3", "--weights", "bf16", "--out", os.devnull, *argv])
         out, err = capsys.readouterr()
         assert rc == 2 and "Traceback" not in err

@@ -47,7 +47,7 @@ def decode_bytes(tensors: dict, resident: str) -> int:
 def ours_bf16(ck, ids512, quick: bool, backend: str = "cuda") -> dict:
     """Decode ms/token at 512 and 32k (4096 with ``quick``) context with bf16-resident weights,
     and whether a 64-token prime's logits equal the widened float32 engine's bitwise."""
-    from .bench import _fill_random_context, decode_seconds
+    from .bench import _fill_random_context, decode_ms
     from ..engine.model import Engine
 
     res = {}
@@ -68,7 +68,7 @@ def ours_bf16(ck, ids512, quick: bool, backend: str = "cuda") -> dict:
             eng.prime_chunk(s, np.asarray(ids512[:n]))
         else:
             _fill_random_context(eng, s, n, np.random.default_rng(0))
-        return decode_seconds(eng, s, 32) * 1e3
+        return decode_ms(eng, s, 32)
 
     res["decode_512_ms_per_token"] = min(after(len(ids512)) for _ in range(2))
     res["context_32k"] = 32768 if not quick else 4096
