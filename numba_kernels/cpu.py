@@ -27,8 +27,10 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from . import attention, conv, deltanet, dispatch, elementwise, exact, linear, moe, norms, rope, sampling, tags, trace
+from . import mma_attention, mma_gemm
 
-FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling, trace)
+FAMILIES = (exact, elementwise, linear, norms, attention, rope, conv, deltanet, moe, sampling, trace, mma_gemm,
+            mma_attention)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from numba import cuda as _cuda
 
-from . import launch, tags
+from . import dispatch, launch, tags
 from .cpu import FAMILIES
 
 SIMULATED = launch.SIMULATED
@@ -31,3 +31,11 @@ GENERATORS = {f.__name__: f for f, _ in tags.tagged(FAMILIES, "generator")}
 globals().update(tags.constants(FAMILIES))
 globals().update({f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")})
 globals().update(OPS)
+
+# exact-bf16 (issue #19): on a GPU, linear_mma issues mma.sync (mma_tc.py: inline PTX, which the
+# simulator cannot run); under the simulator it stays the naive kernel (the twin's emulation)
+if not SIMULATED:
+    from . import mma_tc
+
+    linear_mma_tc = mma_tc.linear_mma_tc
+    linear_mma = dispatch.MMA_KERNELS["linear_mma"] = linear_mma_tc

@@ -41,3 +41,11 @@ def pick(op: str, R: int) -> str:
         if most is None or R <= most:
             return name
     raise AssertionError(f"dispatch table of {op} has no catch-all row")
+
+
+# ---- exact-bf16 (issue #19) ---------------------------------------------------------------------
+# One kernel per op at every row count (rows are independent inside an MMA, so a decode row padded
+# to 16 is the same row of a prime). On a GPU numba_kernels.cuda sets "linear_mma" to the
+# tensor-core kernel (mma_tc.linear_mma_tc); the other ops, and everything under the simulator,
+# run the naive kernels (the twin's emulation, one thread per output).
+MMA_KERNELS: dict = {}

@@ -215,6 +215,7 @@ def op_cases():
          [5])
     case("moe_down", "bf16-R3-k2-I40-H8", (r(6, 40), b16(8 * 8, 40), idx, 8, np.zeros((6, 8), F32), 3), [4])
     case("embed", "bf16-R3-V50-H8", (rng.integers(0, 50, 3).astype(np.int32), b16(50, 8), np.zeros((3, 8), F32)), [2])
+    mma_cases(attn)
     for shared in (True, False):
         case("moe_combine", f"shared{int(shared)}", (r(6, 8), rng.uniform(0, 1, (3, 2)).astype(F32), r(3, 8), r(3, 1),
                                                      shared, np.zeros((3, 8), F32), 3), [5])
@@ -224,6 +225,28 @@ def op_cases():
     case("row_hash", "R4-m2-x1-c3:10", (r(10, 11).view(np.uint32), 1, 2, 3, 10, H, 1, False, 4), [5])
     case("row_hash", "R4-chain", (r(4, 6).view(np.uint32), 0, 1, 0, 6, H, 2, True, 4), [5])
     case("flip_low_bit", "i5-c7", (r(9, 11).view(np.uint32), 5, 7), [0])
+
+
+def mma_cases(attn):
+    """exact-bf16 (issue #19): under the simulator every MMA op runs its naive kernel (the twin's
+    per-output emulation; inline PTX cannot run here), so these check the kernels' indexing and
+    data movement bitwise; the tensor-core kernel is harness device-check's on a GPU."""
+    def bf(a):
+        return ((a.view(np.uint32).astype(np.uint64) + 0x8000) >> 16 << 16).astype(np.uint32).view(F32)
+
+    for R in (1, 5, 17):
+        X = r(R, 40)
+        X[0, 3] = np.inf if R == 5 else X[0, 3]
+        case("linear_mma", f"R{R}-K40-N9", (X, bf(r(9, 40, scale=0.2)), np.zeros((R, 9), F32), R), [2], rows=R)
+    case("linear_mma", "naive-R3-K21-N5", (r(3, 21), bf(r(5, 21)), np.zeros((3, 5), F32), 3), [2],
+         cuda_op="linear_mma_naive", rows=3)
+    for R, start in ((1, 70), (3, 60)):
+        case("attention_mma", f"R{R}-p{start}-Hq3-Hkv1-D24", attn(R, start, 3, 1, 24, 4), [3], rows=R)
+    case("attention_mma", "naive-R2-p10", attn(2, 10, 2, 1, 16, 4), [3], cuda_op="attention_mma_naive", rows=2)
+    idx = np.array([[1, 5], [7, 0], [3, 2]], np.int32)
+    case("moe_up_mma", "R3-k2-I6-H40", (r(3, 40), bf(r(8 * 6, 40)), bf(r(8 * 6, 40)), idx, 6, np.zeros((6, 6), F32), 3),
+         [5])
+    case("moe_down_mma", "R3-k2-I40-H8", (r(6, 40), bf(r(8 * 8, 40)), idx, 8, np.zeros((6, 8), F32), 3), [4])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def test_goals_block_has_every_goal_of_15_and_16():
     assert set(g) == {"prime_4096_vs_hf_fp32", "prime_16384_vs_hf_fp32", "prime_32768_s", "prime_131072_s",
                       "prime_131072_peak_over_weights_bytes", "attention_tflops_32768", "gemm_tflops",
                       "decode_512_over_floor", "decode_32k_over_floor", "verify_step_over_decode",
-                      "draft_step_k3_over_decode", "bf16_decode_512_over_bf16_floor"}
+                      "draft_step_k3_over_decode", "bf16_decode_512_over_bf16_floor", "mma_prime_4096_vs_hf_bf16",
+                      "mma_prime_32768_s", "mma_decode_512_over_bf16_floor"}
     assert all(set(x) == {"value", "goal", "met"} for x in g.values())
     assert g["prime_4096_vs_hf_fp32"]["value"] == pytest.approx(0.2 / 0.3) and g["prime_4096_vs_hf_fp32"]["met"]
     assert g["prime_16384_vs_hf_fp32"]["met"] and g["prime_32768_s"]["met"] and g["prime_131072_s"]["met"]
@@ -304,7 +305,7 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
     out = str(tmp_path / "bench.json")
     # spec_run, profile_step and stdlib_spec have their own tests above and below
     r = bench.run_bench(out, commit="c0ffee", lengths=[48, 96], budget_s=3000,
-                        skip=["decode-32k", "walker", "stdlib", "hf-bf16", "spec", "profile"])
+                        skip=["decode-32k", "walker", "stdlib", "hf-bf16", "spec", "profile", "mma"])
     with open(out) as f:
         back = json.load(f)
     assert back["schema_version"] == 2 and back["commit"] == "c0ffee" and not back["errors"], back["errors"]
@@ -349,6 +350,36 @@ def test_curve_time_box_counts_every_run_of_a_point():
     curve = rep.new_curve([4096, 16384])
     rep.run_curve(curve, "primewalk", run, budget, errors, runs=lambda n: 3)  # 3 x 16 = 48 s > 38 s left
     assert [e["primewalk_s"] for e in curve] == [1.0, "skipped"]
+
+
+def test_mma_goals_and_table():
+    """issue #19's goals (the exact-bf16 mode, ``primewalk.mma``) in the same goals block."""
+    from harness.gpu import bench, bench_mma
+    from harness.gpu.bench_report import goals_block
+
+    r = {"hf": {"bf16": {"prime_4096_tokens_per_s": 1000.0}},
+         "primewalk": {"mma": {"prime_4096_tokens_per_s": 1500.0, "prime_32768_s": "skipped",
+                               "decode_512_ms_per_token": 0.6, "bf16_decode_floor_ms": 0.5}}}
+    g = goals_block(r)
+    assert g["mma_prime_4096_vs_hf_bf16"]["value"] == pytest.approx(1.5) and g["mma_prime_4096_vs_hf_bf16"]["met"]
+    assert g["mma_prime_32768_s"]["met"] == "n/a"
+    assert g["mma_decode_512_over_bf16_floor"]["value"] == pytest.approx(1.2) and g["mma_decode_512_over_bf16_floor"]["met"]
+    assert "exact-bf16: prime 4096 1500.0 tok/s (hf bf16 1000.0)" in bench_mma.table_lines(r)[0]
+    assert bench_mma.table_lines({"primewalk": {"mma": {"n/a": "skipped"}}}) == []
+    assert "mma" in bench.SKIPPABLE
+
+
+def test_mma_part_on_the_cpu_twin():
+    """bench_mma.measure on the tiny model with the CPU backend (a dry run of the GPU path): the
+    32k prime is skipped when it does not fit (said so), the rest is measured."""
+    from harness.gpu import bench, bench_mma
+
+    ck = load_checkpoint(default_model_path())
+    ids = [int(i) % ck.config.vocab_size for i in range(1, 33)]
+    m = bench_mma.measure(ck, ids, ids[:16], bench.Timer(lambda: None), False, time_left=lambda: 0.0,
+                          floor_ms=0.5, backend="cpu")
+    assert m["mode"] == "exact-bf16" and m["prime_4096_tokens_per_s"] > 0 and m["decode_512_ms_per_token"] > 0
+    assert m["prime_32768_s"] == "skipped" and "left" in m["prime_32768_skipped"]
 
 
 def test_bf16_decode_bytes_count_each_matrix_at_two_bytes():

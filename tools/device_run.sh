@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU evidence, run on the device machine from the repository root:
-#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|own|fairness|all|workers]
+#   PRIMEWALK_COMMIT=<sha> bash tools/device_run.sh OUTDIR [check|bench|bf16|own|fairness|bisect|all|workers]
 # check: a smoke test of captured steps (CUDA graphs; if it fails, the rest runs with
 #        PRIMEWALK_GRAPHS=0 and says so), harness device-check (every op, CUDA vs CPU twin),
 #        harness device-walker (walker check and speculative decoding on both backends), the
@@ -9,6 +9,8 @@
 # bench: harness bench (bench-8l vs transformers and hardware anchors: prime length curve to 131k,
 #        decode vs floor, speculative decoding, the bf16 variant; time-boxed to fit one device command of 10 min).
 #        BENCH_ARGS adds flags, e.g. BENCH_ARGS="--lengths 4096,32768 --skip stdlib".
+# bf16:  exact-bf16 (issue #19): tools/probe_mma_gemm.py, then the default and stdlib matrices with
+#        --backend cuda --mode exact-bf16 (device-check in "check" covers the MMA ops and the mode).
 # own:   a user's own checkpoint (tests/own_checkpoint.py: random Qwen3-Next with MoE, tied
 #        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
 #        on the CPU twin, the same spec on CUDA, digests compared; and whether the first timed
@@ -26,8 +28,8 @@
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
-out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|own|fairness|bisect|all|workers]}
-what=${2:-all}  # check | bench | own | fairness | bisect | all | workers
+out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|bf16|own|fairness|bisect|all|workers]}
+what=${2:-all}  # check | bench | bf16 | own | fairness | bisect | all | workers
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -115,6 +117,19 @@ print(f"default matrix on cuda: warm-up {r.get('warmup_s', 0):.1f} s; first time
       f"median first chunk {statistics.median(chunks) * 1e3:.1f} ms, max {max(chunks) * 1e3:.1f} ms")
 PY
   fi
+fi
+if [ "$what" = bf16 ] || [ "$what" = all ]; then
+  # exact-bf16 (issue #19): the tensor-core GEMM probe (bitwise vs the CPU twin, timed vs torch bf16),
+  # then the default and stdlib matrices in the mode on the GPU (diff them against the CPU receipts)
+  python tools/probe_mma_gemm.py --out "$res/mma-gemm" > "$res/probe-mma-gemm.log" 2>&1 || echo "probe_mma_gemm exit $?"
+  tail -12 "$res/probe-mma-gemm.log"
+  t0=$(ms)
+  python -m harness.cli run-matrix --backend cuda --mode exact-bf16 --out "$res/h200-default-bf16.json" --quiet --no-plots || echo "run-matrix bf16 exit $?"
+  t1=$(ms)
+  echo "default matrix exact-bf16, --backend cuda wall: $((t1 - t0)) ms" | tee -a "$res/walls.txt"
+  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 --out "$res/h200-stdlib-bf16.json" --quiet --no-plots || echo "run-matrix stdlib bf16 exit $?"
+  t2=$(ms)
+  echo "stdlib matrix exact-bf16, --backend cuda wall: $((t2 - t1)) ms" | tee -a "$res/walls.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # shellcheck disable=SC2086

@@ -39,6 +39,14 @@ def weights_arg(p):
                         "on cuda)")
 
 
+def mode_arg(p, default="exact"):
+    from ..engine.modes import MODES
+
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help=f"arithmetic: exact (float32 FMA) or exact-bf16 (the bf16 tensor-core MMA, "
+                        f"reproduced bit for bit on the CPU); default: {default}")
+
+
 def prompt_args(p):
     """``--ids`` or ``--text``, one of them required; :func:`prompt_ids` reads them."""
     g = p.add_mutually_exclusive_group(required=True)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from ..errors import PrimewalkError
-from .common import load_model, model_arg, prompt_args, prompt_ids, weights_arg
+from .common import load_model, mode_arg, model_arg, prompt_args, prompt_ids, weights_arg
 
 BACKENDS = ("reference", "cpu", "cuda")
 
@@ -35,13 +35,15 @@ def cmd_logits(args) -> int:
     if backend == "reference":
         if args.weights not in (None, "auto"):
             raise PrimewalkError(f"--weights {args.weights} needs --backend cpu or cuda (the reference is float64)")
+        if args.mode not in (None, "exact"):
+            raise PrimewalkError(f"--mode {args.mode} needs --backend cpu or cuda (the reference is float64)")
         from numba_kernels.reference import RefModel
 
         logits, _ = RefModel(ck.config, ck.tensors).forward(ids)
     else:
         from ..engine.model import Engine
 
-        eng = Engine(ck, backend, weights=args.weights)
+        eng = Engine(ck, backend, weights=args.weights, mode=args.mode)
         logits, _ = eng.target_step(eng.new_session(len(ids)), np.asarray(ids))
     buf = io.BytesIO()
     np.save(buf, logits, allow_pickle=False)
@@ -66,5 +68,6 @@ def register(sub) -> None:
                    help="cpu (the Numba twin), cuda, or reference (numpy float64); default: "
                         "$PRIMEWALK_BACKEND or cpu")
     weights_arg(p)
+    mode_arg(p)
     p.add_argument("--out", required=True, metavar="F.npy", help="output file (float64 for reference, float32 otherwise)")
     p.set_defaults(func=cmd_logits)

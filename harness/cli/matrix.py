@@ -15,7 +15,7 @@ from ..matrix.diff import MAX_ROWS, diff_receipts
 from ..matrix.receipts import merge_receipts, read_receipt, write_receipt
 from ..matrix.specfile import BACKENDS, MatrixSpec, load_spec
 from . import workers as parallel
-from .common import stdout_gone, weights_arg, write_and_plot
+from .common import mode_arg, stdout_gone, weights_arg, write_and_plot
 from .progress import Progress
 
 
@@ -80,6 +80,8 @@ def _golden_target(args, spec: MatrixSpec, shard: tuple) -> str | None:
         why.append(f"the backend is {spec.backend}")
     if args.model is not None:
         why.append("--model is given")
+    if args.mode is not None:
+        why.append("--mode is given (a golden records its spec's own mode)")
     if why:
         raise PrimewalkError("--update-golden only records a built-in spec on the cpu backend "
                              f"(unsharded, the spec's models) to {os.path.relpath(spec.golden)}; here "
@@ -104,7 +106,7 @@ def _gate(golden: str, receipt: dict) -> int:
 
 def cmd_run_matrix(args) -> int:
     shard = parse_shard(args.shard)
-    spec = load_spec(args.spec, backend=parallel.backend_for(args), model=args.model)
+    spec = load_spec(args.spec, backend=parallel.backend_for(args), model=args.model, mode=args.mode)
     # the parallel flags are checked (not started) first: a combination that cannot run is refused
     # in one line, also with --list
     executor = parallel.executor_from_args(args, spec) if parallel.parallel_requested(args) else None
@@ -172,6 +174,7 @@ def _register_run_matrix(subparsers) -> None:
                "  harness run-matrix --gpus all --out out/gpus.json    # one worker per GPU (cuda)\n"
                "  harness run-matrix --executor ray --address auto     # Ray actors, one GPU/CPU share each\n"
                "  harness run-matrix --spec harness/specs/tiny.toml    # the quick matrix (random tiny model)\n"
+               "  harness run-matrix --mode exact-bf16 --out out/default-bf16.json  # the bf16 tensor-core mode\n"
                "  harness run-matrix --update-golden                   # re-record receipts/golden/default.json\n"
                "  harness run-matrix --spec harness/specs/tiny.toml --update-golden  # ... receipts/golden/tiny.json\n"
                "  harness run-matrix --spec my.toml --update-golden --golden golden/my.json   # your own golden\n"
@@ -189,6 +192,7 @@ def _register_run_matrix(subparsers) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
     weights_arg(p)
+    mode_arg(p, "the spec's")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/<spec stem>.json; a .csv and figures go beside it)")
     p.add_argument("--shard", metavar="I/N", default=None,

@@ -14,7 +14,7 @@ from ..walk.mtp_walker import DEFAULT_CHUNK_ROWS, DEFAULT_FILL_CHUNK
 from ..walk.sampling import Sampling
 from ..walk.speculative import generate
 from ..walk.warmup import warm_up
-from .common import backend_arg, backend_label, load_model, model_arg, model_tokenizer, prompt_args, prompt_ids
+from .common import backend_arg, backend_label, load_model, mode_arg, model_arg, model_tokenizer, prompt_args, prompt_ids
 
 
 def _engine(args, need_mtp: bool = True):
@@ -22,7 +22,7 @@ def _engine(args, need_mtp: bool = True):
     if need_mtp:
         ck.require_mtp(f"harness {args.command}" + (" (speculative; --plain decodes without drafts)"
                                                     if args.command == "generate" else ""))
-    return Engine(ck, args.backend, weights=args.weights)
+    return Engine(ck, args.backend, weights=args.weights, mode=args.mode)
 
 
 def cmd_check(args) -> int:
@@ -91,6 +91,7 @@ def register(sub) -> None:
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="batched prime chunk rows")
     p.add_argument("--fill-chunk", type=int, default=DEFAULT_FILL_CHUNK, help="MTP fill chunk rows")
     backend_arg(p)
+    mode_arg(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("generate", help="speculative (MTP) generation with acceptance metrics",
@@ -112,4 +113,5 @@ def register(sub) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the warm-up (the first timings then include compilation)")
     backend_arg(p)
+    mode_arg(p)
     p.set_defaults(func=cmd_generate)

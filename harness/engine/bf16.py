@@ -47,6 +47,19 @@ def resolve(requested: str | None, backend: str, ckpt) -> str:
     return "bf16" if backend == "cuda" and stored == {"BF16"} else "f32"
 
 
+def resolve_for_mode(requested: str | None, mode: str) -> str:
+    """The resident weights under a mode other than ``exact`` (issue #19's ``exact-bf16``): its
+    GEMM weights are float32 arrays holding bf16 values (:mod:`.modes`), so ``auto`` and ``f32``
+    give "f32" and ``bf16`` (uint16-resident) is refused in one line."""
+    w = (requested or os.environ.get("PRIMEWALK_WEIGHTS") or "auto").lower()
+    if w not in MODES:
+        raise PrimewalkError(f"unknown weights mode {w!r} (choose one of: {', '.join(MODES)})")
+    if w == "bf16":
+        raise PrimewalkError(f"--mode {mode} with --weights bf16: the mode keeps its GEMM weights as float32 arrays "
+                             "of bf16 values (its MMA kernels do not take uint16 weights); use --weights auto or f32")
+    return "f32"
+
+
 def check_exact(tensors: dict) -> None:
     """Every tensor :func:`matrix_names` picks must be exactly a bf16 value; the first one that is
     not is named in a one-line error (primewalk widens exactly; it never rounds weights)."""

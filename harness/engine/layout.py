@@ -60,13 +60,21 @@ class EngineWeights:
     mtp: dict | None  # fc, norm_e, norm_h, norm, layer (a full-attention layer dict); None without a head
 
 
-def prepare_weights(cfg: ModelConfig, t: dict, upload, has_mtp: bool, linear_upload=None) -> EngineWeights:
+def prepare_weights(cfg: ModelConfig, t: dict, upload, has_mtp: bool, linear_upload=None,
+                    embed_upload=None) -> EngineWeights:
     """Upload the checkpoint tensors ``t`` (internal names, float32) in the engine layout;
-    ``upload(host array) -> backend array``; ``linear_upload`` (default ``upload``) for the
-    embedding and every matrix a ``linear`` or MoE op reads."""
+    ``upload(host array) -> backend array``; ``linear_upload`` (default ``upload``) for every
+    matrix a ``linear`` or MoE op reads (bf16-resident bits, issue #14, or the exact-bf16 mode's
+    rounding, :mod:`.modes`); ``embed_upload`` (default ``linear_upload``) for the embedding. A
+    tied lm head is the embedding when both go the same way, else its own copy through
+    ``linear_upload``."""
     lin = linear_upload or upload
-    embed = lin(np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=np.float32))
-    lm_head = embed if cfg.tie_word_embeddings else lin(t["lm_head.weight"])
+    emb = embed_upload or lin
+    embed = emb(np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=np.float32))
+    if cfg.tie_word_embeddings:
+        lm_head = embed if emb is lin else lin(np.ascontiguousarray(t["model.embed_tokens.weight"], dtype=np.float32))
+    else:
+        lm_head = lin(t["lm_head.weight"])
     final_norm = upload(t["model.norm.weight"])
     layers = [prepare_layer(cfg, t, f"model.layers.{i}.", kind, cfg.is_moe_layer(i), upload, lin)
               for i, kind in enumerate(cfg.layer_types)]

@@ -32,6 +32,7 @@ from .config import LINEAR
 from .digests import config_fingerprint
 from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
+from .modes import check_mode, mode_ops, weight_upload
 from .rope import rope_tables
 from .weights import Checkpoint
 
@@ -71,16 +72,23 @@ class Engine:
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
-                 graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS, weights: str | None = None):
+                 graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS, weights: str | None = None,
+                 mode: str | None = None):
         self.ckpt, self.cfg = ckpt, ckpt.config
         self.chunk_rows = int(chunk_rows)  # the most rows one prime launch runs
+        self.mode = check_mode(mode)  # exact | exact-bf16 (.modes): the arithmetic
         self.B = get_backend(backend)
-        self.weights = bf16.resolve(weights, self.B.name, ckpt)  # "f32" | "bf16" (resident weights)
+        # the resident weights (issue #14): "f32" | "bf16" (bf16 bits, uint16), independent of the mode
+        self.weights = bf16.resolve(weights, self.B.name, ckpt) if self.mode == "exact" else bf16.resolve_for_mode(
+            weights, self.mode)
         lin = None
         if self.weights == "bf16":
             bf16.check_exact(ckpt.tensors)
             lin = lambda a: self.B.upload(bf16.narrow(a))  # noqa: E731
-        self.ops = self.B.ops  # the weight ops take bf16 bits (uint16) as they are
+        emb = None
+        if self.mode != "exact":  # float32 arrays holding bf16 values; the embedding stays as loaded
+            lin, emb = weight_upload(self.mode, self.B.upload), self.B.upload
+        self.ops = mode_ops(self.B.ops, self.mode)  # the weight ops take bf16 bits (uint16) as they are
         self.check_finite = check_finite
         self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)
         self.steps = StepRunner(self.B, self.ops, self.graphs)
@@ -89,7 +97,7 @@ class Engine:
         self._ws: dict = {}
         self._rope_n = 0
         self._flag_buf = None
-        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin)
+        w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))

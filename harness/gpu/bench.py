@@ -22,6 +22,9 @@ Measures (exact mode), in one device command of under 10 minutes (a time box, ``
   speculative decoding K = 1..4 on bench-8l and stdlib-small (tokens/s plain vs speculative,
   acceptance, the cost of one K-draft step and of one K+1-row verify step); bf16-resident
   decode when the engine has it (``n/a`` otherwise).
+- issue #19, the exact-bf16 mode (:mod:`.bench_mma`, ``primewalk.mma``; ``--skip mma``): prime
+  4,096 vs transformers bf16, prime 32,768 (skipped when the 4,096 prime predicts it past the
+  time box), decode at 512 vs the bf16 weight floor (half the float32 floor).
 - anchors in the same run: torch SGEMM (cuBLAS, TF32 off) on the model's GEMM shapes, a
   device-to-device copy, transformers decode; yielded vs drained walker prime.
 
@@ -54,7 +57,7 @@ BENCH_8L = dict(
     tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=262144,
 )
 DEFAULT_BUDGET_S = 450.0  # the whole run, model build included; the device command allows 600
-SKIPPABLE = ("hf", "hf-bf16", "profile", "spec", "stdlib", "walker", "decode-32k", "bf16")
+SKIPPABLE = ("hf", "hf-bf16", "profile", "spec", "stdlib", "walker", "decode-32k", "bf16", "mma")
 SPEC_KS = (1, 2, 3, 4)
 # where the run happens: the torch device and the engine backend (tests run the whole bench on
 # the CPU with a tiny model by setting both to "cpu")
@@ -602,6 +605,17 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
                                     else mine["peak_used_bytes"] - mine.get("weights_on_device_bytes", 0)),
         "yield_overhead_pct": mine.get("yield_overhead_pct"),
     }
+    mine["mma"] = {NA: "skipped"}
+    if "mma" not in skip:  # exact-bf16 (issue #19) beside exact and transformers bf16, inside the time box
+        from . import bench_mma
+
+        gotm = guarded(lambda: bench_mma.measure(ck, ids[:4096], ids512, timer, quick, budget.sub(0.5).left,
+                                                 weight_bytes / 2 / bw * 1e3, backend=BACKEND), errors, "exact-bf16")
+        mine["mma"] = gotm if isinstance(gotm, dict) else {NA: gotm}
+        ratios["mma_prime_4096_vs_hf_bf16"] = over(mine["mma"].get("prime_4096_tokens_per_s"),
+                                                   hf["bf16"].get("prime_4096_tokens_per_s"))
+        ratios["mma_decode_512_over_bf16_floor"] = over(mine["mma"].get("decode_512_ms_per_token"),
+                                                        mine["mma"].get("bf16_decode_floor_ms"))
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = {
         "kind": "bench", "schema_version": 2, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
@@ -657,6 +671,9 @@ def table(r) -> str:
     if isinstance(m.get("gemm"), dict):
         out.append(f"primewalk GEMM {m['gemm']['tflops']:.1f} TFLOP/s on the bench shapes; attention at 32768 "
                    f"{v(m.get('attention_tflops_32768'))} TFLOP/s")
+    from .bench_mma import table_lines
+
+    out += table_lines(r)
     for k, x in (r.get("ratios") or {}).items():
         out.append(f"ratio {k}: {v(x)}")
     for k, g in (r.get("goals") or {}).items():

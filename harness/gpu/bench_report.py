@@ -169,7 +169,8 @@ def curve_entry(curve, n):
 
 
 def goals_block(r: dict) -> dict:
-    """Every goal of issues #15 (long-context prime) and #16 (decode, speculative decoding) from a
+    """Every goal of issues #15 (long-context prime), #16 (decode, speculative decoding), #14
+    (bf16-resident decode) and #19 (the exact-bf16 mode) from a
     bench result ``r``: ``{name: {"value", "goal", "met"}}``."""
     curve, m = r.get("prime_curve", []), r.get("primewalk", {})
     g = {}
@@ -213,6 +214,16 @@ def goals_block(r: dict) -> dict:
     g["bf16_decode_512_over_bf16_floor"] = _goal(bf_ms / bf_floor if bf_ms is not None and bf_floor else None,
                                                  "<= 1.5 x bf16 floor (n/a: no bf16-resident engine)",
                                                  lambda v: v <= 1.5)
+    # issue #19: the exact-bf16 mode (bf16 tensor-core MMA) beside transformers bf16
+    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
+    ours4, hf4 = _num(mm.get("prime_4096_tokens_per_s")), _num(((r.get("hf") or {}).get("bf16") or {}).get(
+        "prime_4096_tokens_per_s"))
+    g["mma_prime_4096_vs_hf_bf16"] = _goal(ours4 / hf4 if ours4 is not None and hf4 else None,
+                                           ">= 1.0 x HF bf16 tokens/s (exact-bf16)", lambda v: v >= 1.0)
+    g["mma_prime_32768_s"] = _goal(_num(mm.get("prime_32768_s")), "<= 0.7 s (exact-bf16)", lambda v: v <= 0.7)
+    mm_ms, mm_floor = _num(mm.get("decode_512_ms_per_token")), _num(mm.get("bf16_decode_floor_ms"))
+    g["mma_decode_512_over_bf16_floor"] = _goal(mm_ms / mm_floor if mm_ms is not None and mm_floor else None,
+                                                "<= 1.5 x bf16 weight floor (exact-bf16)", lambda v: v <= 1.5)
     return g
 
 

@@ -166,7 +166,25 @@ def op_cases(rng, full: bool = True):
     bad = _r(rng, 4, 33)
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
+    mma_op_cases(rng, full, add)
     return cases
+
+
+def mma_op_cases(rng, full, add):
+    """exact-bf16 (issue #19): the MMA ops at 1 row, 4/5 (the fp32 GEMV threshold), 16/17 (one
+    MMA row tile and past it) and many rows; K not a multiple of 16, N not of 8; weights bf16."""
+    from ..engine.modes import round_bf16
+
+    lin = [(1, 2048, 5632), (4, 1100, 77), (5, 2048, 2048), (16, 2048, 2048), (17, 260, 130), (64, 2048, 5632),
+           (130, 97, 33)]
+    for R, K, N in (lin if full else lin[4:5] + lin[6:]):
+        add("linear_mma", f"R{R}-K{K}-N{N}",
+            (_r(rng, R, K), round_bf16(_r(rng, N, K, scale=K ** -0.5)), np.zeros((R, N), F32), R), [2])
+    for hq, hkv, D, start, R in ([(16, 2, 256, 1000, 1), (4, 2, 64, 61, 17)] if full else [(4, 2, 64, 61, 17)]):
+        ctx = start + R
+        add("attention_mma", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p{start}",
+            (_r(rng, R, hq * D), _r(rng, ctx, hkv * D), _r(rng, ctx, hkv * D), np.zeros((R, hq * D), F32), start, R, hq,
+             hkv, D, F32(D ** -0.5)), [3])
 
 
 POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4}  # where ``start`` sits in the args
@@ -266,20 +284,23 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     big_cfg = larger_config()
     big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
     q35 = load_checkpoint(model_path("tiny-q35"))  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
-    for name, ck, T in (("tiny", tiny, 130), ("larger-random", big, 97 if full else 40), ("tiny-q35", q35, 130)):
+    # exact-bf16 (issue #19) on tiny and on the bf16 Qwen3.5 checkpoint (its weights f32-resident in the mode)
+    for name, ck, T, mode in (("tiny", tiny, 130, "exact"), ("larger-random", big, 97 if full else 40, "exact"),
+                              ("tiny-q35", q35, 130, "exact"), ("tiny", tiny, 130, "exact-bf16"),
+                              ("tiny-q35", q35, 130, "exact-bf16")):
         ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, T).astype(np.int32)
         res = {}
         for bname in ("cpu", "cuda"):
-            eng = Engine(ck, bname)
+            eng = Engine(ck, bname, mode=mode)
             t0 = time.perf_counter()
             res[bname] = schedule_runs(eng, ids)
             res[bname + "_s"] = time.perf_counter() - t0
         # the CUDA engine without captured steps: every launch from Python, start as a scalar
-        res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False), ids,
+        res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False, mode=mode), ids,
                                                             tokenwise_only=True)["tokenwise"]
         res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
         scheds = ["tokenwise", "tokenwise-uncaptured", "batched", "split3"]
-        if bf16.resolve(None, "cuda", ck) == "bf16":  # the same bits with the weights widened on the host
+        if mode == "exact" and bf16.resolve(None, "cuda", ck) == "bf16":  # the same bits with the weights widened on the host
             for sched in ("tokenwise", "batched"):
                 res["cuda"][sched + "-f32-weights"] = schedule_runs(Engine(ck, "cuda", weights="f32"), ids)[sched]
                 res["cpu"][sched + "-f32-weights"] = res["cpu"][sched]
@@ -290,12 +311,12 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
             lo, do = res["cpu"]["tokenwise"]
             same = np.array_equal(lc.view(np.uint32), lg.view(np.uint32)) and dc == dg
             inv = np.array_equal(lc.view(np.uint32), lo.view(np.uint32)) and dc == do
-            models.append({"model": name, "prompt_len": T, "schedule": sched,
+            models.append({"model": name, "mode": mode, "prompt_len": T, "schedule": sched,
                            "cpu_vs_cuda": "bitwise" if same else "differs",
                            "max_ulp": 0 if same else ulp_distance(lc, lg),
                            "vs_tokenwise": "bitwise" if inv else "differs",
                            "cpu_digest": dc, "cuda_digest": dg})
-            print(f"model {name:14s} T={T:4d} {sched:10s} cpu-vs-cuda {models[-1]['cpu_vs_cuda']} "
+            print(f"model {name:14s} {mode:10s} T={T:4d} {sched:10s} cpu-vs-cuda {models[-1]['cpu_vs_cuda']} "
                   f"schedule-invariant {models[-1]['vs_tokenwise']}", flush=True)
     receipt = {
         "kind": "device-check", "schema_version": 1,

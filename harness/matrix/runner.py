@@ -189,7 +189,7 @@ def load_models(spec: MatrixSpec, weights: str | None = None) -> dict:
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        eng = Engine(ck, spec.backend, weights=weights)
+        eng = Engine(ck, spec.backend, weights=weights, mode=spec.mode)
         tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
         m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size

@@ -8,7 +8,7 @@ naming the file, the key and what was expected, before anything runs.
 Spec (TOML; keys other than these are errors)::
 
     backend = "cpu"            # cpu | cuda (--backend overrides)
-    mode = "exact"             # exact ("chunked" is not implemented yet)
+    mode = "exact"             # exact | exact-bf16 (--mode overrides; "chunked" is not implemented yet)
     max_new_tokens = 16        # continuation length M
     chunk_rows = 64            # rows per batched trunk chunk (batched variants set their own)
     fill_chunk = 64            # rows per MTP draft-fill chunk
@@ -82,7 +82,7 @@ TOP_KEYS = ("backend", "mode", "max_new_tokens", "chunk_rows", "fill_chunk", "k"
 PROMPT_KEYS = {"synthetic": ("kind", "lengths", "seed", "name", "k", "sampling"),
                "text": ("kind", "text", "name", "k", "sampling"),
                "file": ("kind", "path", "name", "k", "sampling")}
-MODES = ("exact", "chunked")
+MODES = ("exact", "exact-bf16", "chunked")  # exact-bf16: harness/engine/modes.py
 BACKENDS = ("cpu", "cuda")
 
 
@@ -295,7 +295,8 @@ def _safe_stem(path: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # parsing, one section at a time
 # ------------------------------------------------------------------------------------------------
-def load_spec(path: str | None = None, backend: str | None = None, model: str | None = None) -> MatrixSpec:
+def load_spec(path: str | None = None, backend: str | None = None, model: str | None = None,
+              mode: str | None = None) -> MatrixSpec:
     """Read and validate the spec at ``path`` (None or ``"default"``: the built-in default).
 
     A spec under ``harness/specs/`` is *built-in*, however its path is written: its ``source`` is
@@ -311,7 +312,7 @@ def load_spec(path: str | None = None, backend: str | None = None, model: str | 
         where = source = full
     data = read_toml(full, where)
     spec = parse_spec(data, where=where, source=source,
-                      base_dir=os.path.dirname(os.path.abspath(full)), backend=backend, model=model)
+                      base_dir=os.path.dirname(os.path.abspath(full)), backend=backend, model=model, mode=mode)
     spec.builtin = stem
     return spec
 
@@ -347,11 +348,12 @@ def read_text_file(base_dir: str, path: str) -> tuple[bytes, str]:
 
 def parse_spec(data: dict, where: str = "spec.toml", source: str | None = None,
                base_dir: str | None = None, backend: str | None = None,
-               model: str | None = None) -> MatrixSpec:
+               model: str | None = None, mode: str | None = None) -> MatrixSpec:
     """Validate the parsed TOML ``data`` and build a :class:`MatrixSpec`.
 
-    ``where`` names the file in errors; relative paths resolve against ``base_dir``; ``backend``
-    and ``model`` (a checkpoint folder) override the spec's. Raises a one-line
+    ``where`` names the file in errors; relative paths resolve against ``base_dir``; ``backend``,
+    ``model`` (a checkpoint folder) and ``mode`` override the spec's (the mode is part of the
+    recorded spec, so of ``spec_hash``: receipts of two modes never compare as one spec). Raises a one-line
     :class:`PrimewalkError` on the first problem.
     """
     w = _Where(where)
@@ -360,6 +362,10 @@ def parse_spec(data: dict, where: str = "spec.toml", source: str | None = None,
         w.expect("(top level)", "a TOML table", data)
     _check_keys(w, "", data, TOP_KEYS)
     _check_required(w, data)
+    if mode is not None:
+        if mode not in MODES[:2]:
+            raise PrimewalkError(f"--mode: expected one of {', '.join(MODES[:2])}, got {_show(mode)}")
+        data = dict(data, mode=mode)
     mode, backend, max_new, chunk_rows, fill_chunk, ks = _scalars(w, data, backend)
     samplings, labels, norm_s = _samplings(w, data)
     models, dirs = _models(w, data, base_dir, model)
@@ -384,9 +390,9 @@ def _scalars(w, data, backend):
     chunk_rows, fill_chunk and the K values."""
     mode = data.get("mode", "exact")
     if mode not in MODES:
-        w.expect("mode", '"exact"', mode)
-    if mode != "exact":
-        w.fail("mode", f'"{mode}" is not implemented yet (only "exact")')
+        w.expect("mode", '"exact" or "exact-bf16"', mode)
+    if mode not in MODES[:2]:
+        w.fail("mode", f'"{mode}" is not implemented yet (only "exact" and "exact-bf16")')
     spec_backend = data.get("backend")
     if spec_backend is not None and spec_backend not in BACKENDS:
         w.expect("backend", "one of " + ", ".join(f'"{b}"' for b in BACKENDS), spec_backend)

@@ -1,0 +1,75 @@
+"""``harness bench``'s exact-bf16 part (issue #19): the same bench-8l weights in the bf16
+tensor-core mode (``Engine(..., mode="exact-bf16")``), beside exact mode and transformers bf16 in
+the same run. (The other bf16 measure, issue #14's bf16-resident weights in exact mode, is
+:func:`harness.gpu.bench.bf16_engine`.)
+
+Measures: prime of 4096 tokens (goal ≥ 1.0 × transformers bf16 tokens/s), prime of 32768 tokens
+(goal ≤ 0.7 s; skipped, and said so, when the 4096 prime projects past the time left or
+``MAX_PRIME_32K_S``), decode ms/token after a 512-token prime (goal ≤ 1.5 × the bf16 weight floor:
+half the float32 weight bytes / copy bandwidth). The goals are in ``bench_report.goals_block``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+MAX_PRIME_32K_S = 120.0  # do not start a 32k prime projected (quadratic from 4096: ×64) past this
+
+
+def measure(ck, ids4096, ids512, timer, quick, time_left=lambda: float("inf"), floor_ms=None,
+            backend="cuda") -> dict:
+    """The mode's measures as a dict (the bench's ``primewalk.mma``). ``time_left()``: seconds of
+    the bench's time box this part may still use; ``floor_ms``: the bf16 weight floor."""
+    from ..engine.model import Engine
+
+    eng = Engine(ck, backend, check_finite=True, mode="exact-bf16")
+
+    def prime(n, ids):
+        s = eng.new_session(n + 64)
+        eng.prime(s, ids)
+        return s
+
+    n4 = len(ids4096)
+    res = {"mode": "exact-bf16", "prime_tokens": n4}
+    res["prime_4096_s"] = timer(lambda: prime(n4, ids4096), reps=2)
+    res["prime_4096_tokens_per_s"] = n4 / res["prime_4096_s"]
+    guess = res["prime_4096_s"] * (32768 / n4) ** 2  # attention: quadratic in the length
+    if quick or guess > min(MAX_PRIME_32K_S, time_left()):
+        res["prime_32768_s"] = "skipped"
+        res["prime_32768_skipped"] = (f"prime {n4} took {res['prime_4096_s']:.2f} s, 32768 predicted {guess:.1f} s, "
+                                      f"{time_left():.1f} s left (quick={quick})")
+    else:
+        ids32k = (list(ids4096) * (32768 // n4 + 1))[:32768]
+        res["prime_32768_s"] = timer(lambda: prime(32768, ids32k), reps=1, warmup=0)
+    s = prime(len(ids512), ids512)
+    tok = 1
+    for _ in range(2):
+        logits, _ = eng.decode_step(s, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(32):
+        logits, _ = eng.decode_step(s, tok)
+        tok = int(np.argmax(logits))
+    eng.B.synchronize()
+    res["decode_512_ms_per_token"] = (time.perf_counter() - t0) / 32 * 1e3
+    res["bf16_decode_floor_ms"] = floor_ms
+    del eng
+    return res
+
+
+def table_lines(r) -> list:
+    """The printed lines of the mode's measures (none when the part was skipped or failed)."""
+    m = (r.get("primewalk") or {}).get("mma")
+    if not isinstance(m, dict) or "prime_4096_tokens_per_s" not in m:
+        return []
+
+    def v(x, f="{:.3f}"):
+        return f.format(x) if isinstance(x, (int, float)) else str(x)
+
+    hf = ((r.get("hf") or {}).get("bf16") or {}).get("prime_4096_tokens_per_s")
+    return [f"exact-bf16: prime 4096 {v(m['prime_4096_tokens_per_s'], '{:.1f}')} tok/s (hf bf16 {v(hf, '{:.1f}')}); "
+            f"prime 32768 {v(m.get('prime_32768_s'))} s; decode @512 {v(m.get('decode_512_ms_per_token'))} ms/tok "
+            f"(bf16 floor {v(m.get('bf16_decode_floor_ms'))})"]

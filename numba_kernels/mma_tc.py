@@ -1,0 +1,147 @@
+"""exact-bf16 on the tensor cores: ``linear_mma`` issuing ``mma.sync.aligned.m16n8k16`` (CUDA only).
+
+Imported by :mod:`numba_kernels.cuda` on a real GPU only (the family modules stay free of CUDA
+imports; this file holds the one thing a family module cannot: an ``@intrinsic`` emitting inline
+PTX, the route measured on the H200 in ``tools/mma_vectors.py``). The simulator cannot run inline
+PTX, so there ``linear_mma`` stays the naive kernel, which runs the twin's per-output emulation:
+the same bits by the rule (``numba_kernels/MMA.md`` §4), tested bitwise in ``tests/test_cudasim.py``.
+
+``linear_mma_tc_k``: one warp per 16×8 output tile (rows r0.., columns o0..). K is walked in
+steps of 16 in order; each step packs the warp's A fragment (X rounded float32 → bf16, nearest
+even, exactly as ``mma_gemm.bf16_of``) and B fragment (W already bf16 values: its high 16 bits)
+and issues one MMA whose C is the previous step's D. Rows ≥ R, columns ≥ N and k ≥ K are fed as
++0 (a zero product is no term: the same bits as the unpadded chain); the output is stored for
+rows < R and columns < N only. The branch around the MMA is uniform over the warp (the grid has
+one warp per tile), as ``.sync.aligned`` requires.
+
+Fragment layout (PTX ISA, m16n8k16 .bf16): lane = 4g + q; A regs (row g, k 2q..2q+1),
+(row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..), lower k in the low half; B regs
+(k 2q..2q+1, col g), (k 2q+8..2q+9, col g); C/D (row g, col 2q, 2q+1), (row g+8, col 2q, 2q+1).
+
+A first version: fragments straight from global memory, no shared-memory staging, no
+``ldmatrix``; correct first (``harness device-check`` compares it bitwise with the twin at every
+row count), fast next (``tools/probe_mma_gemm.py`` times it against torch bf16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic
+
+from .launch import launch
+
+# LLVM inline-asm operands: the outputs first ($0..$3 = d), then a ($4..$7), b ($8, $9), c ($10..$13);
+# C and D move through .f32 registers as raw bits (mov.b32), so NaN payloads reach the instruction
+_ASM = ("{\n\t.reg .f32 fc<4>, fd<4>;\n\t"
+        "mov.b32 fc0, $10;\n\tmov.b32 fc1, $11;\n\tmov.b32 fc2, $12;\n\tmov.b32 fc3, $13;\n\t"
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{fd0, fd1, fd2, fd3}, {$4, $5, $6, $7}, {$8, $9}, {fc0, fc1, fc2, fc3};\n\t"
+        "mov.b32 $0, fd0;\n\tmov.b32 $1, fd1;\n\tmov.b32 $2, fd2;\n\tmov.b32 $3, fd3;\n\t}\n")
+
+_U32 = types.uint32
+_SIG = types.UniTuple(_U32, 4)(*([_U32] * 10))
+
+
+@intrinsic
+def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """(d0, d1, d2, d3) = one m16n8k16 bf16 MMA of this lane's fragments (uint32 bit patterns)."""
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32] * 10)
+        asm = ir.InlineAsm(fnty, _ASM, "=r,=r,=r,=r," + ",".join(["r"] * 10), side_effect=True)
+        res = builder.call(asm, list(args))
+        return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+    return _SIG, codegen
+
+
+@cuda.jit(device=True, inline=True)
+def _bf16(u):
+    """bf16 bits (uint32) of float32 bits u, nearest even; NaN → quiet NaN with its sign."""
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
+    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+
+@cuda.jit(device=True, inline=True)
+def _a2(Xu, r, k, R, K):
+    """Two A elements (row r, k and k+1) packed, +0 outside."""
+    lo = np.uint32(0)
+    hi = np.uint32(0)
+    if r < R:
+        if k < K:
+            lo = _bf16(Xu[r, k])
+        if k + 1 < K:
+            hi = _bf16(Xu[r, k + 1])
+    return lo | (hi << np.uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def _b2(Wu, o, k, N, K):
+    lo = np.uint32(0)
+    hi = np.uint32(0)
+    if o < N:
+        if k < K:
+            lo = Wu[o, k] >> np.uint32(16)
+        if k + 1 < K:
+            hi = Wu[o, k + 1] >> np.uint32(16)
+    return lo | (hi << np.uint32(16))
+
+
+@cuda.jit
+def linear_mma_tc_k(Xu, Wu, outu, R):
+    N, K = Wu.shape
+    warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+    lane = cuda.threadIdx.x & 31
+    ntn = (N + 7) >> 3
+    tm = warp // ntn
+    if tm * 16 >= R:  # uniform over the warp
+        return
+    r0 = tm * 16
+    o0 = (warp - tm * ntn) * 8
+    g = lane >> 2
+    q = lane & 3
+    d0 = np.uint32(0)
+    d1 = np.uint32(0)
+    d2 = np.uint32(0)
+    d3 = np.uint32(0)
+    for k0 in range(0, K, 16):
+        a0 = _a2(Xu, r0 + g, k0 + 2 * q, R, K)
+        a1 = _a2(Xu, r0 + g + 8, k0 + 2 * q, R, K)
+        a2 = _a2(Xu, r0 + g, k0 + 2 * q + 8, R, K)
+        a3 = _a2(Xu, r0 + g + 8, k0 + 2 * q + 8, R, K)
+        b0 = _b2(Wu, o0 + g, k0 + 2 * q, N, K)
+        b1 = _b2(Wu, o0 + g, k0 + 2 * q + 8, N, K)
+        d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+    c = o0 + 2 * q
+    r = r0 + g
+    if r < R:
+        if c < N:
+            outu[r, c] = d0
+        if c + 1 < N:
+            outu[r, c + 1] = d1
+    if r + 8 < R:
+        if c < N:
+            outu[r + 8, c] = d2
+        if c + 1 < N:
+            outu[r + 8, c + 1] = d3
+
+
+TC_WARPS = 4  # warps (output tiles) per block
+
+
+def linear_mma_tc(X, W, out, R):
+    """exact-bf16 linear on the tensor cores (see the module docstring); the twin's signature."""
+    N = W.shape[0]
+    tiles = ((R + 15) // 16) * ((N + 7) // 8)
+    launch(linear_mma_tc_k, (tiles + TC_WARPS - 1) // TC_WARPS, 32 * TC_WARPS, X.view(np.uint32), W.view(np.uint32),
+           out.view(np.uint32), R)
+
+
+def compile_ptx_sm90() -> str:
+    """The kernel's PTX for sm_90 (no GPU needed): for ``ptxas -arch=sm_90`` and the SASS check."""
+    sig = (types.uint32[:, ::1], types.uint32[:, ::1], types.uint32[:, ::1], types.int64)
+    ptx, _ = cuda.compile_ptx(linear_mma_tc_k.py_func, sig, cc=(9, 0))
+    return ptx

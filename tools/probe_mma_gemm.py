@@ -1,0 +1,113 @@
+"""exact-bf16 tensor-core GEMM probe (issue #19), < 90 s on an H200:
+
+    python tools/probe_mma_gemm.py --out DIR
+
+For each shape (decode rows, a prime chunk, bench-8l-like widths): ``linear_mma`` on the GPU
+(``mma_tc.linear_mma_tc``: mma.sync via inline PTX) against the CPU twin on sampled outputs,
+bitwise (the sampled rows run on the CPU in full, every column), and its time against torch bf16
+``X @ W.T`` (cuBLAS, tensor cores) and the bf16 weight-read floor (bytes of W at 4.8 TB/s).
+Writes DIR/probe-mma-gemm.json and prints one line per shape. Also ``--check-compile``: compile the
+kernel for sm_90 without a GPU and count HMMA instructions (needs ptxas / cuobjdump on PATH or
+/usr/local/sass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(1, 2048, 5632), (1, 5632, 2048), (4, 2048, 2048), (17, 2048, 2048), (512, 2048, 5632),
+          (4096, 2048, 5632)]
+HBM_BPS = 4.8e12
+
+
+def check_compile() -> int:
+    from numba_kernels import mma_tc
+
+    ptx = mma_tc.compile_ptx_sm90()
+    d = tempfile.mkdtemp()
+    p = os.path.join(d, "k.ptx")
+    with open(p, "w") as f:
+        f.write(ptx)
+    ptxas = shutil.which("ptxas") or "ptxas"
+    cuobj = shutil.which("cuobjdump") or "/usr/local/sass/cuobjdump"
+    info = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", p + ".cubin"], capture_output=True, text=True)
+    sass = subprocess.run([cuobj, "-sass", p + ".cubin"], capture_output=True, text=True).stdout
+    lines = [ln for ln in sass.splitlines() if ln.strip().startswith("/*") and "*/" in ln[4:]]
+    print(f"ptx mma.sync: {ptx.count('mma.sync')}; ptxas: {info.stderr.strip().splitlines()[-2:]}")
+    print(f"sass: {sum('HMMA' in ln for ln in lines)} HMMA of {len(lines)} instructions")
+    return 0 if "HMMA" in sass else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="folder for probe-mma-gemm.json")
+    ap.add_argument("--check-compile", action="store_true", help="compile for sm_90 and count HMMA (no GPU)")
+    a = ap.parse_args()
+    if a.check_compile:
+        return check_compile()
+    if not a.out:
+        ap.error("--out is required")
+    import torch
+    from numba import cuda
+
+    from harness.engine.modes import round_bf16
+    from numba_kernels import cpu, cuda as kc
+
+    rng = np.random.default_rng(0)
+    rows = []
+    t_start = time.perf_counter()
+    for R, K, N in SHAPES:
+        X = rng.standard_normal((R, K)).astype(np.float32)
+        W = round_bf16(rng.standard_normal((N, K)).astype(np.float32) * np.float32(K ** -0.5))
+        dX, dW, dO = cuda.to_device(X), cuda.to_device(W), cuda.device_array((R, N), np.float32)
+        kc.linear_mma(dX, dW, dO, R)
+        cuda.synchronize()
+        reps = 20 if R * N * K < 1e10 else 5
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            kc.linear_mma(dX, dW, dO, R)
+        cuda.synchronize()
+        t_ours = (time.perf_counter() - t0) / reps
+        got = dO.copy_to_host()
+        pick = sorted(set(rng.integers(0, R, min(R, 8)).tolist()))
+        want = np.empty((len(pick), N), np.float32)
+        cpu.linear_mma(np.ascontiguousarray(X[pick]), W, want, len(pick))
+        same = np.array_equal(got[pick].view(np.uint32), want.view(np.uint32))
+        tX = torch.tensor(X, device="cuda").to(torch.bfloat16)
+        tW = torch.tensor(W, device="cuda").to(torch.bfloat16)
+        torch.matmul(tX, tW.T)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(tX, tW.T)
+        torch.cuda.synchronize()
+        t_torch = (time.perf_counter() - t0) / reps
+        floor = 2 * N * K / HBM_BPS
+        row = {"R": R, "K": K, "N": N, "bitwise_sampled_rows": same, "rows_checked": len(pick),
+               "ours_s": t_ours, "torch_bf16_s": t_torch, "bf16_weight_floor_s": floor,
+               "ours_tflops": 2 * R * N * K / t_ours / 1e12, "torch_tflops": 2 * R * N * K / t_torch / 1e12}
+        rows.append(row)
+        print(f"R{R:5d} K{K:5d} N{N:5d}: {'bitwise' if same else 'DIFFERS'} ({len(pick)} rows); ours "
+              f"{t_ours * 1e3:8.3f} ms ({row['ours_tflops']:6.1f} TFLOP/s), torch bf16 {t_torch * 1e3:8.3f} ms, "
+              f"x{t_ours / t_torch:6.2f}; floor {floor * 1e3:.3f} ms (x{t_ours / floor:6.2f})", flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "probe-mma-gemm.json"), "w") as f:
+        json.dump({"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
+                   else str(cuda.get_current_device().name), "rows": rows,
+                   "wall_s": time.perf_counter() - t_start}, f, indent=1)
+    return 0 if all(r["bitwise_sampled_rows"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
