@@ -19,28 +19,14 @@ job() {
   local name=$1; shift
   (
     s=$(date +%s)
-    timeout "$T" "$@" > "$res/$name.log" 2>&1
+    if [ "$(type -t "$1")" = function ]; then "$@"; else timeout "$T" "$@"; fi > "$res/$name.log" 2>&1
     echo "$name exit $? $(( $(date +%s) - s )) s" >> "$res/jobs.txt"
   ) &
 }
 own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its tokenizer, on text prompts
-  python - "$out/own" <<'PY'
-import json, os, sys
-sys.path.insert(0, "tests")
-import own_checkpoint as oc
-folder = sys.argv[1]
-os.makedirs(folder, exist_ok=True)
-oc.build(os.path.join(folder, "ckpt"))
-with open(os.path.join(folder, "own.toml"), "w") as f:
-    f.write("max_new_tokens = 16\nk = [1, 2, 3]\n"
-            'sampling = [{ temperature = 0.0, seed = 0 }, { temperature = 0.7, seed = 7 }]\n'
-            'variants = ["unyielded", "tokenwise", { name = "split", at = [0.5] }, "yielded-with-peer",'
-            ' { name = "yielded-with-peer", split = 0.5, checkpoint = 0.5 }, "short"]\n'
-            '[models]\nown = "ckpt"\n[[prompts]]\nkind = "text"\nname = "long"\ntext = ' + json.dumps(oc.LONG_TEXT)
-            + '\n[[prompts]]\nkind = "text"\nname = "short"\ntext = "Hello there, prime walker."\n')
-PY
-  $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots
-  $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
+  python tools/own_spec.py "$out/own" &&
+    timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
+    timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
 job device-check $h device-check --out "$res/h200-device-check.json"
 job device-walker $h device-walker --out "$res/h200-walker.json"
@@ -77,5 +63,5 @@ sort "$res/jobs.txt"
 } > "$res/diffs.txt" 2>&1
 cat "$res/diffs.txt"
 for f in device-check device-walker; do tail -2 "$res/$f.log"; done
-tail -3 "$res/bisect-cpu-cuda.log" "$res/bisect-fault.log"
+tail -n 3 "$res/bisect-cpu-cuda.log" "$res/bisect-fault.log"
 tar cf "$out/results.tar" -C "$out" results

@@ -89,20 +89,7 @@ fi
 if [ "$what" = own ] || [ "$what" = all ]; then
   own="$out/own"
   mkdir -p "$own"
-  python - "$own" <<'PY'
-import json, os, sys
-sys.path.insert(0, "tests")
-import own_checkpoint as oc
-folder = sys.argv[1]
-oc.build(os.path.join(folder, "ckpt"))
-with open(os.path.join(folder, "own.toml"), "w") as f:
-    f.write("max_new_tokens = 16\nk = [1, 2, 3]\n"
-            'sampling = [{ temperature = 0.0, seed = 0 }, { temperature = 0.7, seed = 7 }]\n'
-            'variants = ["unyielded", "tokenwise", { name = "split", at = [0.5] }, "yielded-with-peer",'
-            ' { name = "yielded-with-peer", split = 0.5, checkpoint = 0.5 }, "short"]\n'
-            '[models]\nown = "ckpt"\n[[prompts]]\nkind = "text"\nname = "long"\ntext = ' + json.dumps(oc.LONG_TEXT)
-            + '\n[[prompts]]\nkind = "text"\nname = "short"\ntext = "Hello there, prime walker."\n')
-PY
+  python tools/own_spec.py "$own"
   python -m harness.cli run-matrix --spec "$own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots \
     || echo "own cpu exit $?"
   python -m harness.cli run-matrix --spec "$own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots \
