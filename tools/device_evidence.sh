@@ -5,11 +5,11 @@
 # the GPU (its timings are the measurement): bash tools/device_run.sh OUTDIR bench.
 #   PRIMEWALK_COMMIT=<sha> bash tools/device_evidence.sh OUTDIR [MODE_BF16=1]
 # Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
-# each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 280) bounds
-# each job.
+# each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 300) bounds
+# each job (device-check and device-walker: 380).
 set -uo pipefail
 out=${1:?usage: tools/device_evidence.sh OUTDIR}
-T=${T:-280}
+T=${T:-300}
 res="$out/results"
 mkdir -p "$res"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
@@ -28,8 +28,8 @@ own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its token
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
-job device-check $h device-check --out "$res/h200-device-check.json"
-job device-walker $h device-walker --out "$res/h200-walker.json"
+T=380 job device-check $h device-check --out "$res/h200-device-check.json"
+T=380 job device-walker $h device-walker --out "$res/h200-walker.json"
 job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
 job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots
 job tiny-q35-bf16 $h run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights bf16 \
