@@ -303,7 +303,8 @@ def test_cell_form(capsys):
     (["--prompt-len", "130", "--a", "split", "--b", "batched"], "split takes 1..1"),
     (["--prompt-len", "130", "--a", "split:x", "--b", "batched"], "'x' is not a row or a fraction"),
     (["--prompt-len", "130", "--a", "split:20", "--b", "batched"], "--a split:20: split point 20 leaves"),
-    (["--prompt-len", "130", "--a", "batched", "--b", "split:0.1"], "--b split:0.1: split 0.1 -> row 0"),
+    (["--prompt-len", "50", "--a", "batched", "--b", "split:0.5"], "--b split:0.5: split 0.5 × 50 = 25: a 50-token "
+                                                                   "prompt cannot be split"),
     (["--prompt-len", "130", "--a", "short", "--b", "batched"], "130 tokens > fill_chunk 64"),
     (["--prompt-len", "0", "--a", "batched", "--b", "batched"], "--prompt-len must be a positive integer"),
     (["--prompt-len", "130", "--a", "batched", "--b", "batched", "--k", "0"], "--k must be at least 1"),
