@@ -78,13 +78,6 @@ def narrow(a: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) >> 16).astype(BF16)
 
 
-def round_to_bf16(a: np.ndarray) -> np.ndarray:
-    """float32 ``a`` rounded to the nearest bf16 value (ties to even; NaN stays NaN), as float32."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(a), np.float32(np.nan), r).astype(np.float32)
-
-
 def widen(h: np.ndarray) -> np.ndarray:
     """bf16 bits (uint16) -> float32, exactly."""
     return (np.asarray(h, dtype=np.uint32) << 16).view(np.float32)

@@ -377,10 +377,11 @@ def bf16_engine(ck):
 
     from ..engine import bf16
     from ..engine.model import Engine
+    from ..engine.modes import round_bf16
 
     names = set(bf16.matrix_names(ck.tensors))
-    t16 = {k: bf16.round_to_bf16(v) if k in names else v for k, v in ck.tensors.items()}
-    ck16 = dataclasses.replace(ck, tensors=t16, dtypes={k: "BF16" for k in names})
+    t16 = {k: round_bf16(v) if k in names else v for k, v in ck.tensors.items()}
+    ck16 = dataclasses.replace(ck, tensors=t16)
     return Engine(ck16, BACKEND, check_finite=True, weights="bf16"), bf16.decode_bytes(t16, "bf16")
 
 

@@ -59,7 +59,7 @@ def op_cases(rng, full: bool = True):
     for R in (1, 4, 5, 8, 9, 16, 17, 63, 64, 65) + ((3000,) if full else ()):
         K, N = (1100, 300) if R % 2 else (1024, 257)
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
-        W16 = (_r(rng, N, K, scale=K ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
+        W16 = _w16(rng, N, K, scale=K ** -0.5)
         add("linear", f"bf16-R{R}-K{K}-N{N}", (_r(rng, R, K), W16, np.zeros((R, N), F32), R), [2])
     for N in ((500, 1024, 8192, 40000) if full else (500, 1024)):
         for R in (1, 2, 4, 5, 8):
@@ -73,7 +73,7 @@ def op_cases(rng, full: bool = True):
         add("linear", f"nonfinite-R{R}-K96-N70", (X, W, np.zeros((R, 70), F32), R), [2])
     ids = rng.integers(0, 260, 9).astype(np.int32)
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
-    add("embed", "bf16-R9-V260-H64", (ids, (_r(rng, 260, 64).view(np.uint32) >> 16).astype(np.uint16),
+    add("embed", "bf16-R9-V260-H64", (ids, _w16(rng, 260, 64),
                                       np.zeros((9, 64), F32)), [2])
     for R, N in ([(5, 2048), (64, 64)] if full else [(64, 64)]):
         add("rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32), N, R), [3])
@@ -145,11 +145,11 @@ def op_cases(rng, full: bool = True):
              np.zeros((R * k, I), F32), R), [5])
         add("moe_down", f"R{R}-E{E}-k{k}-I{I}-H{H}",
             (_r(rng, R * k, I), _r(rng, E * H, I, scale=I ** -0.5), idx, H, np.zeros((R * k, H), F32), R), [4])
-        b16 = (_r(rng, E * I, H, scale=H ** -0.5).view(np.uint32) >> 16).astype(np.uint16)
+        b16 = _w16(rng, E * I, H, scale=H ** -0.5)
         add("moe_up", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}", (_r(rng, R, H), b16, b16, idx, I, np.zeros((R * k, I), F32), R),
             [5])
         add("moe_down", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}",
-            (_r(rng, R * k, I), (_r(rng, E * H, I, scale=I ** -0.5).view(np.uint32) >> 16).astype(np.uint16), idx, H,
+            (_r(rng, R * k, I), _w16(rng, E * H, I, scale=I ** -0.5), idx, H,
              np.zeros((R * k, H), F32), R), [4])
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
