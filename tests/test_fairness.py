@@ -131,7 +131,7 @@ def test_builtin_specs_load():
     tiny = load_spec(TINY_SPEC)
     assert tiny.builtin == "tiny" and tiny.golden.endswith(os.path.join("receipts", "fairness", "tiny.json"))
     gpu = load_spec(GPU_SPEC, model="tiny")  # the bench-8l folder exists only on the GPU box
-    assert gpu.backend == "cuda" and gpu.long.length == 32768 and len(gpu.peers) == 8
+    assert gpu.backend == "cuda" and gpu.long.length == 131072 and len(gpu.peers) == 8
     assert [g.metric for g in gpu.goals] == ["peers_p95_s", "long_ttft_s"] and set(METRICS) >= {"peers_p95_s"}
     with pytest.raises(PrimewalkError) as e:
         load_spec(GPU_SPEC)

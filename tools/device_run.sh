@@ -15,7 +15,7 @@
 #        embeddings, conv kernel 3, its own tokenizer.json) on text prompts: its golden recorded
 #        on the CPU twin, the same spec on CUDA, digests compared; and whether the first timed
 #        chunk of the default matrix still carries compilation (it must not: warm-up).
-# fairness: harness fairness on bench-8l (a 32,768-token prime beside 8 peers, drain vs yield;
+# fairness: harness fairness on bench-8l (a 131,072-token prime beside 8 peers, drain vs yield;
 #        tools/make_bench8l.py writes the model to out/bench-8l first): receipt and figures.
 # workers (not part of all; issue #18): parallel matrix runs. The default matrix with two workers on
 #        the GPU(s) (round-robin: on one GPU both share it), diffed with the golden CPU digests and
