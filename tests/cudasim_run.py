@@ -315,6 +315,18 @@ def model_steps():
         h = r(1, cfg.hidden_size)
         step(f"MTP row p{i}", 1, lambda e, s: e.mtp_rows(s, [int(ids[80 + i])], h if e is ec else e.B.upload(h), i,
                                                           logits_rows=1))
+    # a session reset for reuse (the scheduler's session pool): its digest is a new cache's, and
+    # the steps captured on its cache replay for the next session
+    fresh = ec.new_session(96).cache.digest()
+    sc.reset(7)
+    sg.reset(7)
+    steps.append(dict(step="reset", rows=None, kernels=[], logits_bitwise=None,
+                      digest_equal=sc.cache.digest() == sg.cache.digest() == fresh))
+    step("prime p0 R12 after reset", 12, lambda e, s: e.prime_chunk(s, ids[:12]))
+    for i in range(2):
+        step(f"decode p{12 + i} after reset (replayed)", 1, lambda e, s: e.decode_step(s, int(ids[12 + i])))
+    step("verify p14 R5 after reset", 5, lambda e, s: e.target_step(s, ids[14:19], capture=True))
+    rollback(2)
     return steps
 
 

@@ -187,9 +187,9 @@ def test_a_disturbed_session_fails_naming_the_session_and_the_fields(eng, monkey
             long.sess.cache.rec[0][0, 0, 0] += np.float32(0.5)  # the long prime's state, disturbed
         return fixed_clock(lambda: out)
 
-    def schedule(engine, jobs, policy, timer=None):
+    def schedule(engine, jobs, policy, timer=None, pool=None):
         if policy.label != "yield" or len(jobs) == 1:
-            return real(engine, jobs, policy, timer)
+            return real(engine, jobs, policy, timer, pool)
         import harness.walk.scheduler as sched
 
         orig = sched._Run.__init__
@@ -201,7 +201,7 @@ def test_a_disturbed_session_fails_naming_the_session_and_the_fields(eng, monkey
 
         monkeypatch.setattr(sched._Run, "__init__", init)
         try:
-            return real(engine, jobs, policy, clobbering)
+            return real(engine, jobs, policy, clobbering, pool)
         finally:
             monkeypatch.setattr(sched._Run, "__init__", orig)
 

@@ -12,7 +12,7 @@ from harness.errors import InputError, PrimewalkError
 from harness.models import default_model_path
 from harness.walk.mtp_walker import run_prime
 from harness.walk.sampling import Sampling
-from harness.walk.scheduler import DECODE, PRIME, SPEC, Job, Policy, run_schedule
+from harness.walk.scheduler import DECODE, PRIME, SPEC, Job, Policy, SessionPool, run_schedule
 from harness.walk.speculative import PlainStream, SpecStream, continue_plain, continue_spec
 
 V = 260
@@ -191,6 +191,50 @@ def test_bad_input_is_a_one_line_error(eng):
     bad = Job("bad", (1, 2, V + 5), 0.0, 4, 1, Sampling(), 0, 32, 32)
     with pytest.raises(InputError):
         run_schedule(eng, [bad], Policy("yield"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the session pool: reused sessions compute what new ones do
+# ------------------------------------------------------------------------------------------------
+def test_a_reset_session_is_a_new_one(eng):
+    """Primed, continued with rollbacks, checkpointed: reset, its digest is a new cache's and a
+    second session on it equals the same session on a new one."""
+    a, b = job(0, 90, 0.0, k=2, boundary=40, seed=3), job(1, 60, 0.0, k=3, sampling=Sampling(0.8, 2), seed=4)
+    sess = eng.new_session(max(a.capacity(), b.capacity()), session_id=0)
+    run = run_prime(eng, sess, list(a.prompt), 2, prime_split=40, capture_at=40, ckpt_at=40)
+    continue_spec(eng, sess, run.prepared, 9, 2)
+    assert sess.committed and sess.boundary_captures and sess.turn_ckpt is not None
+    sess.reset(session_id=1)
+    fresh = eng.new_session(sess.cache.max_ctx, session_id=1)
+    assert sess.cache.digest() == fresh.cache.digest()
+    assert (sess.committed, sess.boundary_captures, sess.turn_ckpt, sess.prime_ready) == ([], [], None, None)
+    assert "start" not in sess.verify_caps
+    with pytest.raises(PrimewalkError):  # no captured target step to roll back to
+        eng.rollback(sess, 1)
+    outs = []
+    for s in (sess, fresh):
+        prepared = run_prime(eng, s, list(b.prompt), 3, sampling=b.sampling).prepared
+        res = continue_spec(eng, s, prepared, 11, 3, b.sampling)
+        outs.append((np.asarray(prepared.logits).tobytes(), res.tokens, res.metrics, s.cache.digest()))
+    assert outs[0] == outs[1]
+
+
+def test_a_pool_reuses_sessions_and_changes_no_bit(eng):
+    jobs = _random_pattern(5) + [job(7, 25, 0.02, k=1), job(8, 25, 0.03, k=1)]  # two of one shape
+    pool = SessionPool(eng)
+    pool.prepare(jobs)
+    assert sum(len(v) for v in pool.free.values()) == len(jobs)
+    assert len(pool.free[SessionPool.shape(jobs[-1])]) == 2
+    first = {id(s) for v in pool.free.values() for s in v}
+    for pol in (Policy("yield"), Policy("drain")):
+        pool.prepare(jobs)
+        sch = run_schedule(eng, jobs, pol, fixed_clock(), pool)
+        for j, o in zip(jobs, sch.outcomes):
+            ref = alone(eng, j)
+            assert (o.digests, o.tokens, o.tape, o.acceptance) == (ref.digests, ref.tokens, ref.tape, ref.acceptance)
+        assert {id(s) for v in pool.free.values() for s in v} == first  # the same sessions, back in the pool
+    pool.give(jobs[0], eng.new_session(jobs[0].capacity()))
+    assert len(pool.free[SessionPool.shape(jobs[0])]) == 2
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,12 +4,15 @@ and the receipt.
 :func:`run_fairness` loads the model once, warms the kernels up (a short multi-chunk prime and
 every distinct continuation, so compilation is in no timing), then:
 
-1. runs each session **alone** on the engine (its reference); with ``arrival_unit =
+1. runs each session **alone** on the engine, in a new session (its reference); with ``arrival_unit =
    "long_prime"`` the long prompt's alone time to first token becomes the unit of every arrival;
 2. with ``independent_check``, checks each alone run's prime logits and boundary captures against
    an independent unyielded prime (:func:`~harness.walk.check.oracle_prime`: one batched prime
    per segment, no walker);
-3. runs all sessions together under each policy (:func:`~harness.walk.scheduler.run_schedule`);
+3. runs all sessions together under each policy (:func:`~harness.walk.scheduler.run_schedule`),
+   their sessions from a :class:`~harness.walk.scheduler.SessionPool` that the warm-up filled
+   (its sessions reset and reused, their captured steps with them; what a run needs beyond them
+   allocated before it starts), so the verdict also proves reused sessions equal new ones;
 4. judges every (run, session) cell: ``bitwise`` when its prime logits, boundary captures, final
    cache, continuation, tape and acceptance counts equal its alone run's, else ``fail`` naming the
    fields (and max |Δ| / max ulp of the logits);
@@ -36,7 +39,7 @@ from ..matrix.receipts import SCHEMA_VERSION, env_info, spec_hash, utc_now
 from ..matrix.runner import _compare
 from ..walk.check import oracle_prime
 from ..walk.sampling import Sampling
-from ..walk.scheduler import Job, Policy, run_schedule
+from ..walk.scheduler import Job, Policy, SessionPool, run_schedule
 from .receipt import KIND
 from .specfile import FairnessSpec
 
@@ -50,20 +53,17 @@ def _jobs(spec: FairnessSpec, ids: list, scale: float) -> list:
                 spec.fill_chunk, s.boundary) for i, s in enumerate(spec.sessions)]
 
 
-def warm_up(engine, jobs: list, timer=None) -> None:
+def warm_up(engine, jobs: list, timer=None, pool=None) -> None:
     """Compile before timing: a prime of the long prompt's first rows long enough for trunk and
-    fill chunks, and one short session per distinct (K, sampled or not) among the jobs."""
+    fill chunks, beside every other job as it is (so every kernel and every captured step the
+    runs use exists; with ``pool``, their sessions, steps captured, stay in it for the runs)."""
     long = jobs[0]
     fill, chunk = long.fill_chunk, long.chunk_rows
     rows = min(len(long.prompt), max(fill, chunk) + WARMUP_EXTRA_ROWS)
     first = replace(long, name="warm-up", prompt=long.prompt[:rows], arrival_s=0.0, boundary=None,
                     max_new_tokens=WARMUP_NEW_TOKENS, k=max(long.k, 1), sampling=Sampling())
-    kinds = {}
-    for j in jobs:
-        kinds.setdefault((j.k, j.sampling.greedy), j)
-    extra = [replace(j, name="warm-up", prompt=j.prompt[:min(len(j.prompt), j.fill_chunk)], arrival_s=0.0,
-                     boundary=None, max_new_tokens=WARMUP_NEW_TOKENS) for j in kinds.values()]
-    run_schedule(engine, [first] + extra, Policy("yield"), timer)
+    others = [replace(j, name="warm-up", arrival_s=0.0) for j in jobs[1:]]
+    run_schedule(engine, [first] + others, Policy("yield"), timer, pool)
 
 
 def _pct(values: list) -> dict:
@@ -209,7 +209,8 @@ def run_fairness(spec: FairnessSpec, timer=None, log=None, engine=None) -> dict:
                                  f"(vocab_size {V})")
         ids.append(got)
     _say(log, f"warm-up ({len(sessions)} sessions, backend {spec.backend})")
-    warm_up(engine, _jobs(spec, ids, 1.0), timer)
+    pool = SessionPool(engine)  # the policies' sessions (the alone runs take new ones)
+    warm_up(engine, _jobs(spec, ids, 1.0), timer, pool)
 
     # 1. every session alone (the long prompt first: it may set the arrival unit)
     alone = []
@@ -227,7 +228,8 @@ def run_fairness(spec: FairnessSpec, timer=None, log=None, engine=None) -> dict:
     jobs = _jobs(spec, ids, scale)
     schedules = []
     for pol in spec.policies:
-        sch = run_schedule(engine, jobs, pol, timer)
+        pool.prepare(jobs)
+        sch = run_schedule(engine, jobs, pol, timer, pool)
         schedules.append(sch)
         summary = summarise(sch, sessions, alone_ttft)
         _say(log, f"{pol.label}: peers' first event p95 {_fmt(summary['peers_p95_s'])}, long time to first token "

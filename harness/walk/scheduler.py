@@ -29,6 +29,14 @@ served, skipping those not ready:
   other sessions run before the next prime chunk, when that many are ready. With no decode work
   the primes run back to back; with no prime work the decode units do.
 
+**Session pool** (optional, :class:`SessionPool`): a finished session's buffers are kept and
+the next session of the same shape (capacity and K) gets them reset in place instead of new
+ones, so the decode, verify and draft steps captured on them (CUDA graphs) replay at once
+instead of running eagerly and being captured again: what a serving engine does with its cache
+blocks and graphs. :meth:`SessionPool.prepare` allocates what a run will need before it starts.
+A reset session computes what a new one does (the fairness verdict compares pooled runs with
+fresh ones, bitwise).
+
 A session's *first event* is the end of the unit that produced its first generated token (the
 boundary token, picked by the walker's setup right after its last trunk chunk); it *finishes*
 at the end of the unit that committed its last token.
@@ -144,11 +152,46 @@ class Outcome:
         return self.finish_s - self.arrival_s
 
 
+class SessionPool:
+    """Sessions kept for reuse, by shape (see the module docstring)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.free: dict = {}  # (capacity, K) -> [Session]
+
+    @staticmethod
+    def shape(job: Job) -> tuple:
+        return job.capacity(), job.k
+
+    def take(self, job: Job):
+        """A session for ``job``: a pooled one of its shape, reset, else a new one."""
+        got = self.free.get(self.shape(job))
+        if got:
+            sess = got.pop()
+            sess.reset(job.session_id)
+            return sess
+        return self.engine.new_session(job.capacity(), session_id=job.session_id)
+
+    def give(self, job: Job, sess) -> None:
+        """``job`` is done with ``sess``: keep it for the next session of the same shape."""
+        self.free.setdefault(self.shape(job), []).append(sess)
+
+    def prepare(self, jobs: list) -> None:
+        """Allocate, before a run, the sessions its jobs will take beyond those pooled."""
+        want: dict = {}
+        for j in jobs:
+            want[self.shape(j)] = want.get(self.shape(j), 0) + 1
+        for (cap, k), n in want.items():
+            have = self.free.setdefault((cap, k), [])
+            while len(have) < n:
+                have.append(self.engine.new_session(cap))
+
+
 class _Run:
     """One job's state in a schedule: waiting, priming (walker), continuing (stream), done."""
 
-    def __init__(self, engine, index: int, job: Job):
-        self.engine, self.index, self.job = engine, index, job
+    def __init__(self, engine, index: int, job: Job, pool: SessionPool | None = None):
+        self.engine, self.index, self.job, self.pool = engine, index, job, pool
         self.sess = self.walker = self.stream = self.prepared = None
         self.tape, self.units = [], []
         self.first_event_s = self.finish_s = None
@@ -178,7 +221,8 @@ class _Run:
     def _prime_unit(self):
         j, eng = self.job, self.engine
         if self.walker is None:
-            self.sess = eng.new_session(j.capacity(), session_id=j.session_id)
+            self.sess = (self.pool.take(j) if self.pool is not None
+                         else eng.new_session(j.capacity(), session_id=j.session_id))
             self.walker = MtpPrimeWalker(eng, self.sess, list(j.prompt), max(j.k, 1), sampling=j.sampling,
                                          prime_split=j.boundary, chunk_rows=j.chunk_rows,
                                          fill_chunk=j.fill_chunk, capture_at=j.boundary, ckpt_at=j.boundary)
@@ -210,6 +254,8 @@ class _Run:
             arrival_s=self.job.arrival_s, start_s=own[0].start_s, first_event_s=self.first_event_s,
             finish_s=self.finish_s, units=len(own), busy_s=sum(u.seconds for u in own),
             prime_s=sum(u.seconds for u in own if u.kind == PRIME))
+        if self.pool is not None:
+            self.pool.give(self.job, self.sess)
         self.sess = self.stream = self.prepared = None
 
 
@@ -311,14 +357,16 @@ class Schedule:
         return best
 
 
-def run_schedule(engine, jobs: list, policy: Policy, timer: Callable | None = None) -> Schedule:
+def run_schedule(engine, jobs: list, policy: Policy, timer: Callable | None = None,
+                 pool: SessionPool | None = None) -> Schedule:
     """Run ``jobs`` on ``engine`` under ``policy`` until every job has committed its tokens.
 
     ``timer(fn) -> (fn(), seconds)`` measures each unit (default :func:`device_timer`: the
-    backend synchronised around the unit). Errors (a refused prompt, a capacity overflow)
-    propagate as :class:`~harness.errors.PrimewalkError`."""
+    backend synchronised around the unit). ``pool``: sessions come from it and go back to it
+    (None: every session is new). Errors (a refused prompt, a capacity overflow) propagate as
+    :class:`~harness.errors.PrimewalkError`."""
     timer = timer or device_timer(engine)
-    runs = [_Run(engine, i, j) for i, j in enumerate(jobs)]
+    runs = [_Run(engine, i, j, pool) for i, j in enumerate(jobs)]
     order = {r.index: rank for rank, r in enumerate(sorted(runs, key=lambda r: (r.job.arrival_s, r.index)))}
     chooser = _Chooser(policy, order)
     out = Schedule(policy)
