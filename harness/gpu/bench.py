@@ -337,16 +337,24 @@ def decode_ms(eng, sess, n=32, warmup=2):
 
 
 def spec_run(eng, prompt, k, new_tokens=64):
-    """Speculative (K drafts) vs plain greedy decoding after the same prime, and the cost of one
-    draft step (K chained MTP passes) and of one K+1-row verify step, timed in isolation."""
+    """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
+    second run (compilation and graph capture excluded), and the cost of one draft step (K
+    chained MTP passes) and of one K+1-row verify step, timed in isolation."""
     from ..walk.mtp_walker import run_prime
     from ..walk.speculative import continue_plain, continue_spec
 
     cap = len(prompt) + 2 * new_tokens + k + 8
-    sess = eng.new_session(cap)
-    spec = continue_spec(eng, sess, run_prime(eng, sess, prompt, k).prepared, new_tokens, k)
-    sess2 = eng.new_session(cap)
-    plain = continue_plain(eng, sess2, run_prime(eng, sess2, prompt, k).prepared, new_tokens)
+
+    def steady(go):
+        """(result, session) of ``go(session)`` run twice on one session, reset in between: the
+        first run compiles and captures its steps, the second (timed: its result) replays them."""
+        sess = eng.new_session(cap)
+        go(sess)
+        sess.reset()
+        return go(sess), sess
+
+    spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
+    plain, _ = steady(lambda s: continue_plain(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens))
     d_s, v_s = [], []
     for _ in range(5):  # the first passes may compile or capture a step: the median of the last 3
         snap = sess.cache.snapshot()
