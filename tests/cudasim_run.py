@@ -317,9 +317,11 @@ def model_steps():
                                                           logits_rows=1))
     # a session reset for reuse (the scheduler's session pool): its digest is a new cache's, and
     # the steps captured on its cache replay for the next session
+    from harness.walk.scheduler import reset_session, zero_snapshot
+
     fresh = ec.new_session(96).cache.digest()
-    sc.reset(7)
-    sg.reset(7)
+    reset_session(sc, zero_snapshot(ec), 7)
+    reset_session(sg, zero_snapshot(eg), 7)
     steps.append(dict(step="reset", rows=None, kernels=[], logits_bitwise=None,
                       digest_equal=sc.cache.digest() == sg.cache.digest() == fresh))
     step("prime p0 R12 after reset", 12, lambda e, s: e.prime_chunk(s, ids[:12]))

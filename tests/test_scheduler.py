@@ -12,7 +12,8 @@ from harness.errors import InputError, PrimewalkError
 from harness.models import default_model_path
 from harness.walk.mtp_walker import run_prime
 from harness.walk.sampling import Sampling
-from harness.walk.scheduler import DECODE, PRIME, SPEC, Job, Policy, SessionPool, run_schedule
+from harness.walk.scheduler import (DECODE, PRIME, SPEC, Job, Policy, SessionPool, reset_session, run_schedule,
+                                    zero_snapshot)
 from harness.walk.speculative import PlainStream, SpecStream, continue_plain, continue_spec
 
 V = 260
@@ -204,7 +205,7 @@ def test_a_reset_session_is_a_new_one(eng):
     run = run_prime(eng, sess, list(a.prompt), 2, prime_split=40, capture_at=40, ckpt_at=40)
     continue_spec(eng, sess, run.prepared, 9, 2)
     assert sess.committed and sess.boundary_captures and sess.turn_ckpt is not None
-    sess.reset(session_id=1)
+    reset_session(sess, zero_snapshot(eng), session_id=1)
     fresh = eng.new_session(sess.cache.max_ctx, session_id=1)
     assert sess.cache.digest() == fresh.cache.digest()
     assert (sess.committed, sess.boundary_captures, sess.turn_ckpt, sess.prime_ready) == ([], [], None, None)

@@ -39,20 +39,6 @@ class Cache:
         # inputs); keys seen once (run eagerly, to compile and allocate before a capture)
         self.graphs: dict = {}
         self.graph_seen: set = set()
-        self._zeros: dict = {}  # shape -> a zero plane on the backend (reset's source), made on first use
-
-    def reset(self) -> None:
-        """Back to a new cache's state, in place: no rows (``pos`` = ``mtp_len`` = 0), conv and
-        recurrent state zero, nothing poisoned. The planes keep their buffers, so the steps
-        captured on them (:attr:`graphs`) stay valid; K/V rows past ``pos`` are never read
-        before a step writes them. Its digest then equals a new cache's."""
-        self.pos = self.mtp_len = 0
-        self.poisoned = self.last_h = None
-        for plane in (*self.conv.values(), *self.rec.values()):
-            z = self._zeros.get(plane.shape)
-            if z is None:
-                z = self._zeros[plane.shape] = self.B.zeros(plane.shape)
-            self.B.copy_into(plane, z)
 
     def planes(self):
         """(name, backend array view) in the fixed digest order."""
@@ -126,17 +112,6 @@ class Session:
     session_id: int = 0
     verify_caps: dict = field(default_factory=dict)  # per-row DeltaNet state of the last target step
     trace: object = None  # a harness.engine.trace.Trace recording this session's steps, or None
-
-    def reset(self, session_id: int = 0) -> None:
-        """A new session's state on this session's buffers (:meth:`Cache.reset`): nothing
-        committed, captured or checkpointed, no captured target step to roll back; the per-row
-        DeltaNet capture buffers stay (with the steps captured on them)."""
-        self.cache.reset()
-        self.committed, self.boundary_captures = [], []
-        self.turn_ckpt = self.prime_ready = self.trace = None
-        self.session_id = int(session_id)
-        for k in ("start", "hidden"):
-            self.verify_caps.pop(k, None)
 
     @property
     def last_h(self):

@@ -341,6 +341,7 @@ def spec_run(eng, prompt, k, new_tokens=64):
     second run (compilation and graph capture excluded), and the cost of one draft step (K
     chained MTP passes) and of one K+1-row verify step, timed in isolation."""
     from ..walk.mtp_walker import run_prime
+    from ..walk.scheduler import reset_session, zero_snapshot
     from ..walk.speculative import continue_plain, continue_spec
 
     cap = len(prompt) + 2 * new_tokens + k + 8
@@ -350,7 +351,7 @@ def spec_run(eng, prompt, k, new_tokens=64):
         first run compiles and captures its steps, the second (timed: its result) replays them."""
         sess = eng.new_session(cap)
         go(sess)
-        sess.reset()
+        reset_session(sess, zero_snapshot(eng))
         return go(sess), sess
 
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))

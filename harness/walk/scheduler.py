@@ -30,8 +30,8 @@ served, skipping those not ready:
   the primes run back to back; with no prime work the decode units do.
 
 **Session pool** (optional, :class:`SessionPool`): a finished session's buffers are kept and
-the next session of the same shape (capacity and K) gets them reset in place instead of new
-ones, so the decode, verify and draft steps captured on them (CUDA graphs) replay at once
+the next session of the same shape (capacity and K) gets them reset in place
+(:func:`reset_session`) instead of new ones, so the decode, verify and draft steps captured on them (CUDA graphs) replay at once
 instead of running eagerly and being captured again: what a serving engine does with its cache
 blocks and graphs. :meth:`SessionPool.prepare` allocates what a run will need before it starts.
 A reset session computes what a new one does (the fairness verdict compares pooled runs with
@@ -152,12 +152,34 @@ class Outcome:
         return self.finish_s - self.arrival_s
 
 
+def zero_snapshot(engine):
+    """A snapshot of a new cache of ``engine``: no rows, zero conv and recurrent state (what
+    :func:`reset_session` restores)."""
+    return engine.new_session(1).cache.snapshot()
+
+
+def reset_session(sess, zero, session_id: int = 0) -> None:
+    """``sess`` back to a new session's state, in place: ``zero`` (:func:`zero_snapshot` of its
+    engine) restored into its cache -- no rows, zero conv and recurrent state, nothing poisoned --
+    whose planes keep their buffers, so the steps captured on them (CUDA graphs) stay valid (K/V
+    rows past the position are never read before a step writes them); nothing committed,
+    captured or checkpointed; no target step to roll back. The per-row DeltaNet capture buffers
+    stay, with the steps captured on them."""
+    sess.cache.restore(zero)
+    sess.committed, sess.boundary_captures = [], []
+    sess.turn_ckpt = sess.prime_ready = sess.trace = None
+    sess.session_id = int(session_id)
+    for key in ("start", "hidden"):
+        sess.verify_caps.pop(key, None)
+
+
 class SessionPool:
     """Sessions kept for reuse, by shape (see the module docstring)."""
 
     def __init__(self, engine):
         self.engine = engine
         self.free: dict = {}  # (capacity, K) -> [Session]
+        self._zero = None  # zero_snapshot(engine), made on first reuse
 
     @staticmethod
     def shape(job: Job) -> tuple:
@@ -168,7 +190,9 @@ class SessionPool:
         got = self.free.get(self.shape(job))
         if got:
             sess = got.pop()
-            sess.reset(job.session_id)
+            if self._zero is None:
+                self._zero = zero_snapshot(self.engine)
+            reset_session(sess, self._zero, job.session_id)
             return sess
         return self.engine.new_session(job.capacity(), session_id=job.session_id)
 
