@@ -369,3 +369,30 @@ def test_a_trace_of_selected_rows_is_the_full_trace_there():
     ks, hs = some.table()
     sel = np.isin(Trace.split_keys(kf)[0], [3, 30, 41])
     assert ks.size > 0 and np.array_equal(ks, kf[sel]) and np.array_equal(hs, hf[sel])
+
+
+def test_a_trace_without_hashes_keeps_the_same_rows(monkeypatch):
+    """``Trace(hashes=False)`` (bisect's re-runs for the divergent row) launches no row hash and
+    records no entries, and keeps the rows a hashing trace keeps, bit for bit, with the fault."""
+    eng = Engine(load_checkpoint(default_model_path()), "cpu")
+    ids = list(range(3, 43))
+    names = op_list(eng.cfg, True)
+    slot = names["trunk"].index(("1", "recurrence"))
+    fault = ("trunk", 30, slot)
+    keep = {("trunk", 30, 0), ("mtp", 20, 0)}
+    stop = Trace.key("mtp", 20, 0, len(names["mtp"]) - 3)
+    calls = []
+    real = eng.ops.row_hash
+    monkeypatch.setattr(eng.ops, "row_hash", lambda *a: calls.append(1) or real(*a))
+    hashing = Trace(eng, keep=keep, fault=fault)
+    prime_and_continue(eng, hashing, ids, chunk_rows=16)
+    assert calls and hashing.steps
+    calls.clear()
+    quiet = Trace(eng, keep=keep, fault=fault, hashes=False, stop_after=stop)
+    with pytest.raises(bs.StopTrace):
+        prime_and_continue(eng, quiet, ids, chunk_rows=16)
+    assert calls == [] and quiet.steps == [] and quiet.table()[0].size == 0 and quiet.fault_applied
+    assert stop in quiet.kept and set(quiet.kept) <= set(hashing.kept)
+    for key, (bits, parts) in quiet.kept.items():
+        assert np.array_equal(bits, hashing.kept[key][0]) and parts == hashing.kept[key][1]
+    assert any(Trace.unkey(k)[:2] == ("trunk", 30) for k in quiet.kept)

@@ -123,16 +123,19 @@ class Trace:
     ``keep``: (pass, row, occurrence) triples whose rows are kept in full (every op);
     ``rows``: absolute rows to record (None: all); ``fault``: (pass, row, op index) whose output
     gets its lowest bit flipped at column 0 of that row, on the row's first occurrence;
-    ``stop_after``: an entry key (:meth:`key`) after which the run stops (:class:`StopTrace`).
+    ``stop_after``: an entry key (:meth:`key`) after which the run stops (:class:`StopTrace`);
+    ``hashes``: False records no hashes (no ``row_hash`` launches, no downloads: :meth:`table`
+    is empty), only the kept rows -- what bisect's re-runs for the divergent row's values need.
     """
 
-    def __init__(self, engine, keep=(), rows=None, fault=None, stop_after=None):
+    def __init__(self, engine, keep=(), rows=None, fault=None, stop_after=None, hashes=True):
         self.B, self.ops = engine.B, engine.ops
         self.names = op_list(engine.cfg, engine.mtp is not None)
         self.keep = set(keep)
         self.rows = None if rows is None else set(int(r) for r in rows)
         self.fault, self.fault_applied = fault, False
         self.stop_after = stop_after
+        self.hashes = bool(hashes)
         self.steps = []  # (pass, start, occurrences [R], hashes [R, S] uint64, first row per op [S])
         self.kept = {}  # entry key -> (row bits, dtype parts): see _row
         self._seen = {}  # (pass, row) -> times computed
@@ -149,7 +152,7 @@ class Trace:
             self._seen[(pazz, start + r)] = occ[r] + 1
         S = len(self.names[pazz])
         H = self._H.get(pazz)
-        if H is None or H.shape[0] < R:
+        if self.hashes and (H is None or H.shape[0] < R):
             H = self._H[pazz] = self.B.empty((max(R, 256), S), np.uint64)
         keep = [r for r in range(R) if (pazz, start + r, int(occ[r])) in self.keep] if self.keep else []
         self._step = dict(pazz=pazz, start=start, R=R, occ=occ, H=H, first=np.full(S, -1, np.int64), cursor=0,
@@ -176,10 +179,11 @@ class Trace:
             if lo <= r < R and st["occ"][r] == 0:
                 self.ops.flip_low_bit(X, x0 + (r - lo) * m, c0)
                 self.fault_applied = True
-        H = st["H"][lo:]
-        self.ops.row_hash(X, x0, m, c0, c1, H, slot, False, n)
-        if then is not None:
-            self.ops.row_hash(self._view(then), x0, m, 0, then.shape[1], H, slot, True, n)
+        if self.hashes:
+            H = st["H"][lo:]
+            self.ops.row_hash(X, x0, m, c0, c1, H, slot, False, n)
+            if then is not None:
+                self.ops.row_hash(self._view(then), x0, m, 0, then.shape[1], H, slot, True, n)
         for r in st["keep"]:
             if r >= lo:
                 key = self.key(pazz, start + r, int(st["occ"][r]), slot)
@@ -193,8 +197,9 @@ class Trace:
         names = self.names[st["pazz"]]
         if st["cursor"] != len(names):
             raise AssertionError(f"trace: a {st['pazz']} step ran {st['cursor']} of its {len(names)} ops")
-        hashes = self.B.download(st["H"][: st["R"]])
-        self.steps.append((st["pazz"], st["start"], st["occ"], hashes, st["first"]))
+        if self.hashes:
+            hashes = self.B.download(st["H"][: st["R"]])
+            self.steps.append((st["pazz"], st["start"], st["occ"], hashes, st["first"]))
 
     def abort(self) -> None:
         """The step stopped early (an error, or :class:`StopTrace`): nothing of it is recorded."""

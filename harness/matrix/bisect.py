@@ -269,11 +269,11 @@ def _logits_hint(op):
 
 def _first_values(a, b, flt, ta, key) -> dict:
     """The first differing column of entry ``key`` and both values, from re-runs that keep that
-    row and stop there."""
+    row and stop there (hashing nothing: the first pass found the entry)."""
     place = ta.place(key)
     keep = {(place["pass"], place["row"], place["occurrence"])}
-    ra = traced(a, keep=keep, stop_after=key).kept.get(key)
-    rb = traced(b, keep=keep, stop_after=key, fault=flt).kept.get(key)
+    ra = traced(a, keep=keep, stop_after=key, hashes=False).kept.get(key)
+    rb = traced(b, keep=keep, stop_after=key, fault=flt, hashes=False).kept.get(key)
     out = dict(place, col=None, a=None, b=None, a_bits=None, b_bits=None, ulp=None, dtype=None)
     if ra is None or rb is None or ra[0].shape != rb[0].shape:
         out["note"] = "the re-runs did not reach this entry the same way: the runs are not deterministic"
