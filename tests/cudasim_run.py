@@ -224,7 +224,7 @@ def op_cases():
     H = rng.integers(0, 2 ** 63, (5, 3), dtype=np.uint64)
     case("row_hash", "R4-m2-x1-c3:10", (r(10, 11).view(np.uint32), 1, 2, 3, 10, H, 1, False, 4), [5])
     case("row_hash", "R4-chain", (r(4, 6).view(np.uint32), 0, 1, 0, 6, H, 2, True, 4), [5])
-    # rows wider than the kernel's 256 lanes: words wrap round the lanes, across sub-rows
+    # wide traced rows: a 285-column window of three buffer rows each
     case("row_hash", "R3-m3-x1-c5:290", (r(10, 300).view(np.uint32), 1, 3, 5, 290, H, 0, False, 3), [5])
     case("flip_low_bit", "i5-c7", (r(9, 11).view(np.uint32), 5, 7), [0])
 

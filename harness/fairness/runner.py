@@ -1,8 +1,8 @@
 """Running a fairness spec: every session alone, then all of them under each policy; the verdict
 and the receipt.
 
-:func:`run_fairness` loads the model once, warms the kernels up (a short multi-chunk prime and
-every distinct continuation, so compilation is in no timing), then:
+:func:`run_fairness` loads the model once, warms up (a short multi-chunk prime of the long prompt
+beside every other session as it is, so compilation and graph capture are in no timing), then:
 
 1. runs each session **alone** on the engine, in a new session (its reference); with ``arrival_unit =
    "long_prime"`` the long prompt's alone time to first token becomes the unit of every arrival;

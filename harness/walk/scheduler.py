@@ -31,11 +31,11 @@ served, skipping those not ready:
 
 **Session pool** (optional, :class:`SessionPool`): a finished session's buffers are kept and
 the next session of the same shape (capacity and K) gets them reset in place
-(:func:`reset_session`) instead of new ones, so the decode, verify and draft steps captured on them (CUDA graphs) replay at once
-instead of running eagerly and being captured again: what a serving engine does with its cache
-blocks and graphs. :meth:`SessionPool.prepare` allocates what a run will need before it starts.
-A reset session computes what a new one does (the fairness verdict compares pooled runs with
-fresh ones, bitwise).
+(:func:`reset_session`) instead of new ones, so the decode, verify and draft steps captured on
+them (CUDA graphs) replay at once instead of running eagerly and being captured again: what a
+serving engine does with its cache blocks and graphs. :meth:`SessionPool.prepare` allocates what
+a run will need before it starts. A reset session computes what a new one does (the fairness
+verdict compares pooled runs with fresh ones, bitwise).
 
 A session's *first event* is the end of the unit that produced its first generated token (the
 boundary token, picked by the walker's setup right after its last trunk chunk); it *finishes*
@@ -44,7 +44,9 @@ at the end of the unit that committed its last token.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -163,11 +165,13 @@ def reset_session(sess, zero, session_id: int = 0) -> None:
     engine) restored into its cache -- no rows, zero conv and recurrent state, nothing poisoned --
     whose planes keep their buffers, so the steps captured on them (CUDA graphs) stay valid (K/V
     rows past the position are never read before a step writes them); nothing committed,
-    captured or checkpointed; no target step to roll back. The per-row DeltaNet capture buffers
-    stay, with the steps captured on them."""
+    captured or checkpointed (every other field back to its default, as the Session class
+    declares it); no target step to roll back. The per-row DeltaNet capture buffers stay, with
+    the steps captured on them."""
     sess.cache.restore(zero)
-    sess.committed, sess.boundary_captures = [], []
-    sess.turn_ckpt = sess.prime_ready = sess.trace = None
+    for f in dataclasses.fields(sess):
+        if f.name not in ("cache", "verify_caps"):
+            setattr(sess, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
     sess.session_id = int(session_id)
     for key in ("start", "hidden"):
         sess.verify_caps.pop(key, None)
@@ -202,10 +206,7 @@ class SessionPool:
 
     def prepare(self, jobs: list) -> None:
         """Allocate, before a run, the sessions its jobs will take beyond those pooled."""
-        want: dict = {}
-        for j in jobs:
-            want[self.shape(j)] = want.get(self.shape(j), 0) + 1
-        for (cap, k), n in want.items():
+        for (cap, k), n in Counter(self.shape(j) for j in jobs).items():
             have = self.free.setdefault((cap, k), [])
             while len(have) < n:
                 have.append(self.engine.new_session(cap))
