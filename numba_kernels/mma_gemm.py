@@ -113,6 +113,14 @@ def mma_term(m, l, g):
 
 
 @body
+def add_c_term(S, c, ec, fc, g):
+    """S with the accumulator c (float32 bits, exponent field ec, fraction fc; not zero)
+    truncated to the grid g and added with its sign."""
+    t = mma_term(fc | 0x800000 if ec != 0 else fc, (ec if ec != 0 else 1) - 150, g)
+    return S - t if (c >> 31) & 1 else S + t
+
+
+@body
 def mma_step(Au, ra, ca, Bu, rb, cb, sr, sc, n, c):
     """One MMA step of one output: c (float32 bits) + Σ_{k<n} a_k·b_k with a_k = bf16(Au[ra, ca+k])
     and b_k = bf16(Bu[rb + k·sr, cb + k·sc]) (Au, Bu: uint32 views of float32); n ≤ 16, the
@@ -186,13 +194,7 @@ def mma_step(Au, ra, ca, Bu, rb, cb, sr, sc, n, c):
             S -= t
         else:
             S += t
-    if not c_zero:
-        t = mma_term(fc | 0x800000 if ec != 0 else fc, (ec if ec != 0 else 1) - 150, g)
-        if (c >> 31) & 1:
-            S -= t
-        else:
-            S += t
-    return mma_round(S, g)
+    return mma_round(S if c_zero else add_c_term(S, c, ec, fc, g), g)
 
 
 @body
@@ -265,13 +267,7 @@ def mma_step_dec(XM, XL, r, WM, WL, o, k0, n, c):
                 S += t
             else:
                 S -= t
-    if not c_zero:
-        t = mma_term(fc | 0x800000 if ec != 0 else fc, (ec if ec != 0 else 1) - 150, g)
-        if (c >> 31) & 1:
-            S -= t
-        else:
-            S += t
-    return mma_round(S, g)
+    return mma_round(S if c_zero else add_c_term(S, c, ec, fc, g), g)
 
 
 @body

@@ -8,58 +8,88 @@ Shapes: X [N, C] uint32; H [≥R, S] uint64 (one column per traced op: ``slot``)
 (r < R) is the ``m`` consecutive buffer rows ``x0 + r·m … x0 + r·m + m - 1``, columns
 ``c0 … c1 - 1`` of each, read row by row (``m`` > 1: the k routed experts of one token).
 
-Hash: FNV-1a over 32-bit words, ``h ← (h ⊕ w) · FNV_PRIME`` mod 2⁶⁴ from ``FNV_OFFSET`` (or
-from ``H[r, slot]`` when ``chain``: a second buffer appended to the first). For fixed later words
-each step is a bijection of h (xor with a word, then a multiply by an odd number mod 2⁶⁴), so
-rows that differ in exactly one word always hash differently. The CPU twin loops over rows, the
-CUDA kernel runs one thread per row.
+Hash (lane-interleaved FNV-1a, so one row is hashed by a whole block with coalesced loads): the
+row's ``n = m·(c1 - c0)`` words w_0 … w_{n-1}, in reading order, are dealt to ``HASH_LANES``
+(256) lanes, word t to lane ``t mod HASH_LANES``. Each lane runs FNV-1a over its words in order,
+``h ← (h ⊕ w) · FNV_PRIME`` mod 2⁶⁴ from ``FNV_OFFSET``; the row's hash is FNV-1a over the lanes'
+hashes in lane order (64-bit words), from ``FNV_OFFSET`` (or from ``H[r, slot]`` when ``chain``: a
+second buffer appended to the first). For fixed other inputs every step is a bijection of h (xor
+with a word, then a multiply by an odd number mod 2⁶⁴), so rows that differ in exactly one word
+always hash differently: that word changes its lane's hash, which changes the row's. The CPU twin
+loops over rows and words; the CUDA kernel runs one block of ``HASH_LANES`` threads per row, one
+thread per lane, and thread 0 combines the lanes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .tags import body, cuda, grid1, kernel, launch, launcher, twin
+from .tags import body, cuda, kernel, launch, launcher, twin
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 LOW_BIT = np.uint32(1)
 
 
+HASH_LANES = 256  # lanes a traced row's words are dealt to (= threads per block of the kernel)
+
+
 @body
-def hash_row(X, x0, m, c0, c1, r, h):
-    """h advanced over the words of traced row r (see the module docstring)."""
-    for j in range(m):
-        i = x0 + r * m + j
-        for c in range(c0, c1):
-            h = (h ^ np.uint64(X[i, c])) * FNV_PRIME
+def fnv_step(h, w):
+    return (h ^ w) * FNV_PRIME
+
+
+@body
+def combine_lanes(lanes, h):
+    """h advanced over the lanes' hashes, in lane order."""
+    for q in range(HASH_LANES):
+        h = fnv_step(h, lanes[q])
     return h
-
-
-@body
-def row_hash_at(X, x0, m, c0, c1, H, slot, chain, r):
-    h = H[r, slot] if chain else FNV_OFFSET
-    H[r, slot] = hash_row(X, x0, m, c0, c1, r, h)
 
 
 @twin("row_hash")
 def row_hash_cpu(X, x0, m, c0, c1, H, slot, chain, R):
-    """H[r, slot] = FNV-1a of traced row r of X, for r < R (continuing from H[r, slot] when
-    ``chain``)."""
+    """H[r, slot] = the lane-interleaved FNV-1a of traced row r of X, for r < R (continuing from
+    H[r, slot] when ``chain``)."""
+    W = c1 - c0
+    lanes = np.empty(HASH_LANES, np.uint64)
     for r in range(R):
-        row_hash_at(X, x0, m, c0, c1, H, slot, chain, r)
+        lanes[:] = FNV_OFFSET
+        t = 0
+        for j in range(m):
+            i = x0 + r * m + j
+            for c in range(c0, c1):
+                q = t % HASH_LANES
+                lanes[q] = fnv_step(lanes[q], np.uint64(X[i, c]))
+                t += 1
+        H[r, slot] = combine_lanes(lanes, H[r, slot] if chain else FNV_OFFSET)
 
 
 @kernel
-def row_hash_k(X, x0, m, c0, c1, H, slot, chain, R):
-    r = cuda.grid(1)
-    if r < R:
-        row_hash_at(X, x0, m, c0, c1, H, slot, chain, r)
+def row_hash_k(X, x0, m, c0, c1, H, slot, chain):
+    r = cuda.blockIdx.x
+    q = cuda.threadIdx.x
+    lanes = cuda.shared.array(HASH_LANES, np.uint64)
+    W = c1 - c0
+    h = FNV_OFFSET
+    if W > 0:
+        j, c = q // W, q % W  # word t = q, q + HASH_LANES, ... of the row: sub-row j, column c0 + c
+        while j < m:
+            h = fnv_step(h, np.uint64(X[x0 + r * m + j, c0 + c]))
+            c += HASH_LANES
+            while c >= W:
+                c -= W
+                j += 1
+    lanes[q] = h
+    cuda.syncthreads()
+    if q == 0:
+        H[r, slot] = combine_lanes(lanes, H[r, slot] if chain else FNV_OFFSET)
 
 
 @launcher("row_hash")
 def row_hash_cuda(X, x0, m, c0, c1, H, slot, chain, R):
-    launch(row_hash_k, *grid1(R), X, x0, m, c0, c1, H, slot, chain, R)
+    if R > 0:
+        launch(row_hash_k, R, HASH_LANES, X, x0, m, c0, c1, H, slot, chain)
 
 
 @body

@@ -72,37 +72,44 @@ def one_line_error(rc, out, err, match):
 # ------------------------------------------------------------------------------------------------
 # the trace itself
 # ------------------------------------------------------------------------------------------------
-FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+FNV_OFFSET, FNV_PRIME, LANES = 0xCBF29CE484222325, 0x100000001B3, 256
 
 
 def fnv1a_words(words, h=FNV_OFFSET) -> int:
-    """FNV-1a over 32-bit words, in plain Python integers (the independent computation)."""
+    """FNV-1a over words, in plain Python integers (the independent computation)."""
     for w in words:
         h = ((h ^ int(w)) * FNV_PRIME) % (1 << 64)
     return h
 
 
-def test_row_hash_is_fnv1a_and_sees_one_flipped_bit():
+def row_hash_words(words, h=FNV_OFFSET) -> int:
+    """The trace's row hash: word t to lane t mod 256, FNV-1a per lane, then FNV-1a over the
+    lanes' hashes (numba_kernels/trace.py), in plain Python integers."""
+    words = [int(w) for w in words]
+    return fnv1a_words([fnv1a_words(words[q::LANES]) for q in range(LANES)], h)
+
+
+def test_row_hash_is_lane_fnv1a_and_sees_one_flipped_bit():
     from numba_kernels import cpu
 
     X = np.random.default_rng(0).standard_normal((7, 9)).astype(np.float32).view(np.uint32)
     H = np.zeros((3, 2), np.uint64)
     cpu.row_hash(X, 1, 2, 2, 8, H, 1, False, 3)  # traced row r = buffer rows 1 + 2r, 2 + 2r; columns 2..7
     for r in range(3):
-        assert int(H[r, 1]) == fnv1a_words(X[1 + 2 * r: 3 + 2 * r, 2:8].reshape(-1))
+        assert int(H[r, 1]) == row_hash_words(X[1 + 2 * r: 3 + 2 * r, 2:8].reshape(-1))
     before = H.copy()
     cpu.row_hash(X[:, :4], 0, 1, 0, 4, H, 1, True, 3)  # chained: continues from the hashes above
     for r in range(3):
-        assert int(H[r, 1]) == fnv1a_words(X[r, :4], int(before[r, 1]))
+        assert int(H[r, 1]) == row_hash_words(X[r, :4], int(before[r, 1]))
     cpu.flip_low_bit(X, 3, 5)
     H2 = np.zeros((3, 2), np.uint64)
     cpu.row_hash(X, 1, 2, 2, 8, H2, 1, False, 3)
     assert H2[0, 1] == before[0, 1] and H2[1, 1] != before[1, 1] and H2[2, 1] == before[2, 1]
 
 
-def test_row_hash_wide_rows_of_several_buffer_rows():
-    """Wide traced rows of several buffer rows (the k routed experts of a token), and one bit
-    flipped anywhere in a row changes its hash and no other row's."""
+def test_row_hash_wide_rows_every_lane():
+    """Rows wider than the 256 lanes (words wrap round the lanes, across sub-rows), and one bit
+    flipped anywhere in a row changes its hash."""
     from numba_kernels import cpu
 
     rng = np.random.default_rng(1)
@@ -110,7 +117,7 @@ def test_row_hash_wide_rows_of_several_buffer_rows():
     H = np.zeros((2, 1), np.uint64)
     cpu.row_hash(X, 0, 3, 5, 290, H, 0, False, 2)  # 3 sub-rows of 285 words: 855 words per traced row
     for r in range(2):
-        assert int(H[r, 0]) == fnv1a_words(X[3 * r: 3 * r + 3, 5:290].reshape(-1))
+        assert int(H[r, 0]) == row_hash_words(X[3 * r: 3 * r + 3, 5:290].reshape(-1))
     for i, c in ((0, 5), (1, 100), (2, 289), (4, 261)):
         Y = X.copy()
         Y[i, c] ^= np.uint32(1 << int(rng.integers(0, 32)))

@@ -7,8 +7,9 @@ same bits) and the engine hands the trace each op's output buffer right after th
 (``Engine._tap``). The trace
 
 - hashes every row the op computed with the ``row_hash`` kernel op (64-bit FNV-1a over the
-  float32 bit patterns, integer arithmetic on the backend, the same on both backends), so CPU and
-  CUDA traces compare without downloading activations;
+  float32 bit patterns, lane-interleaved: :mod:`numba_kernels.trace`; integer arithmetic on
+  the backend, the same on both backends), so CPU and CUDA traces compare without downloading
+  activations;
 - keeps the full row (its float32 bits) where asked (``keep``);
 - flips the lowest mantissa bit of one element where asked (``fault``: the demonstration and
   test hook of ``harness bisect``): the first column of one op's output at one row, in the

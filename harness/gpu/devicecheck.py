@@ -166,6 +166,15 @@ def op_cases(rng, full: bool = True):
     bad = _r(rng, 4, 33)
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
+    # the trace's row hash (harness bisect): a logits-wide row, many rows, the k routed experts of
+    # a token as one traced row (m > 1), a column window, chained onto earlier hashes
+    hashes = rng.integers(0, 2 ** 63, (4096, 3), dtype=np.uint64)
+    for R, m, N, c0, c1, chain in ([(1, 1, 151936, 0, 151936, False), (4096, 1, 2048, 0, 2048, False),
+                                    (300, 10, 512, 0, 512, False), (17, 2, 600, 3, 517, True)] if full
+                                   else [(17, 2, 600, 3, 517, True)]):
+        X = rng.integers(0, 2 ** 32, (R * m + 1, N), dtype=np.uint64).astype(np.uint32)
+        add("row_hash", f"R{R}-m{m}-N{N}-c{c0}:{c1}{'-chain' if chain else ''}",
+            (X, 1, m, c0, c1, hashes.copy(), 1, chain, R), [5])
     mma_op_cases(rng, full, add)
     return cases
 
