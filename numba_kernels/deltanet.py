@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
-from .tags import (STATIC_SMEM, KernelSource, body, cuda, fma, fmul, generated, generator, grid1, kernel, launch,
-                   launcher, prange, sqrt32, twin)
+from .norms import NORM_THREADS, STAGE_PS, STAGE_WORDS, block_sumsq  # noqa: F401 (the gdn_prep kernel)
+from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
+                   launch, launcher, prange, sqrt32, twin)
 
 MAX_DK = 256  # key head dim of the fast recurrence (a column's slices live in one warp)
 
@@ -39,20 +40,31 @@ MAX_DK = 256  # key head dim of the fast recurrence (a column's slices live in o
 # gdn_prep
 # ------------------------------------------------------------------------------------------------
 @body
+def l2_scale(ss):
+    """1 / sqrt(ss + 1e-6) (FLA's l2norm; ``ss``: the canonical dot of a head with itself)."""
+    return ONE / sqrt32(ss + L2_EPS)
+
+
+@body
 def l2_inv(X, r, off, n):
-    """1 / sqrt(Σ x² + 1e-6) over X[r, off:off+n] (FLA's l2norm)."""
-    return ONE / sqrt32(dot_rows(X, r, off, X, r, off, n) + L2_EPS)
+    """1 / sqrt(Σ x² + 1e-6) over X[r, off:off+n]."""
+    return l2_scale(dot_rows(X, r, off, X, r, off, n))
+
+
+@body
+def qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, i0, step):
+    """Key head h of row r, elements i in range(i0, dk, step): q·iq·qscale into Qn, k·ik into Kn."""
+    o = h * dk
+    for i in range(i0, dk, step):
+        Qn[r, o + i] = fmul(fmul(QKV[r, o + i], iq), qscale)
+        Kn[r, o + i] = fmul(QKV[r, kd + o + i], ik)
 
 
 @body
 def qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h):
     """Key head h of row r: q·inv_q·qscale into Qn, k·inv_k into Kn."""
     o = h * dk
-    iq = l2_inv(QKV, r, o, dk)
-    ik = l2_inv(QKV, r, kd + o, dk)
-    for i in range(dk):
-        Qn[r, o + i] = fmul(fmul(QKV[r, o + i], iq), qscale)
-        Kn[r, o + i] = fmul(QKV[r, kd + o + i], ik)
+    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, l2_inv(QKV, r, o, dk), l2_inv(QKV, r, kd + o, dk), 0, 1)
 
 
 @body
@@ -75,20 +87,27 @@ def gdn_prep_cpu(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, 
 
 @kernel
 def gdn_prep_k(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    i = cuda.grid(1)
-    if i < R * hk:
-        r, h = row_col(i, hk)
-        qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
-    if i < R * nv:
-        r, h = row_col(i, nv)
-        beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, h)
+    """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
+    heads v ≡ h (mod hk) of the row's beta and g."""
+    b = cuda.blockIdx.x
+    r = b // hk
+    h = b - r * hk
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    buf = cuda.shared.array(STAGE_WORDS, np.float32)
+    ps = cuda.shared.array(STAGE_PS, np.float32)
+    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, buf, ps, tid, nt))
+    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, buf, ps, tid, nt))
+    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
+    for v in range(h + tid * hk, nv, nt * hk):
+        beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, v)
 
 
 @launcher("gdn_prep")
 def gdn_prep_cuda(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One thread per (row, key head) and per (row, value head)."""
-    launch(gdn_prep_k, *grid1(R * max(hk, nv)), QKV, kd, hk, dk, BA, nv, A_log, dt_bias, F32(qscale), Qn, Kn, beta,
-           g, R)
+    """One block per (row, key head)."""
+    if R * hk:
+        launch(gdn_prep_k, R * hk, block_size(NORM_THREADS), QKV, kd, hk, dk, BA, nv, A_log, dt_bias, F32(qscale),
+               Qn, Kn, beta, g, R)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -118,6 +118,12 @@ def grid1(n, tpb=TPB):
     return max(1, math.ceil(n / tpb)), tpb
 
 
+def block_size(n):
+    """The threads per block of a kernel whose arithmetic does not depend on them: ``n`` on a GPU,
+    at most one warp under the simulator (which runs every thread of a block as a Python thread)."""
+    return min(n, 32) if SIMULATED else n
+
+
 # ------------------------------------------------------------------------------------------------
 # launches and graphs
 # ------------------------------------------------------------------------------------------------
@@ -352,5 +358,5 @@ def generated(gen, cfg) -> Kernel:
 def bindings() -> dict:
     """The names :mod:`numba_kernels.tags` leaves to the target, bound for CUDA."""
     return dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, barrier=barrier,
-                syncwarp=syncwarp, cuda=cuda, launch=launch, grid1=grid1, zero_pos=zero_pos, scratch=scratch,
-                zero_buffer=zero_buffer, generated=generated, aligned=aligned)
+                syncwarp=syncwarp, cuda=cuda, launch=launch, grid1=grid1, block_size=block_size, zero_pos=zero_pos,
+                scratch=scratch, zero_buffer=zero_buffer, generated=generated, aligned=aligned)

@@ -5,8 +5,12 @@ Per row (or head) of n values: ``inv = 1 / sqrt(dot(x, x) / n + eps)`` in float3
 rounded to float32 first, whatever the caller passes), the dot in the canonical order; then each
 output is ``x·inv·(1 + w)`` (``norm_span``) or ``x·inv·w·silu(z)`` (``gated_norm_head``).
 
-CUDA: ``rmsnorm`` runs one block per row (the slice partials of the row's dot in parallel, added
-in slice order by one thread); the head norms one thread per (row, head), like the twins' loops.
+CUDA: one block per row (``rmsnorm``) or per (row, head) (the head norms). The block computes
+the canonical dot with :func:`block_sumsq`: ``STAGE`` slices at a time are staged in shared
+memory by coalesced loads (padded to ``SLICE + 1`` words per slice, so the slice chains read
+distinct banks), one thread per slice runs the slice's fma chain, and thread 0 adds the partials
+in slice order -- the same operations in the same order as one thread doing it all. Then every
+thread writes its share of the outputs.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
-from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, sqrt32, twin
+from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
-RMS_MAX_SLICES = 1024  # rows of up to 32768 get their slice partials in parallel
-RMS_THREADS = 128
+STAGE = 32  # slices staged in shared memory at a time by block_sumsq
+STAGE_WORDS = STAGE * (SLICE + 1)  # (shared array sizes must be named constants, not expressions)
+STAGE_PS = STAGE + 1
+NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
+RMS_THREADS = 512  # rmsnorm's block: a row, few loads per thread (block_size: 32 under the simulator)
 
 
 @body
@@ -31,6 +38,32 @@ def rms_inv(X, r, off, n, eps):
     """1 / sqrt(mean(x²) + eps) over X[r, off:off+n], all in float32: ``eps`` is rounded to
     float32 first (a Python float would make the CPU twin add, sqrt and divide in float64)."""
     return rms_scale(dot_rows(X, r, off, X, r, off, n), n, eps)
+
+
+@body
+def block_sumsq(X, r, off, n, buf, ps, tid, nt):
+    """Σ X[r, off + i]² over i < n in the canonical dot order, computed by the ``nt`` threads of
+    one block (this one is ``tid``) and returned to all of them. ``buf``: shared float32
+    [STAGE_WORDS]; ``ps``: shared float32 [STAGE + 1]. Every thread of the block must call it (it
+    holds barriers)."""
+    acc = ZERO
+    for c0 in range(0, n, STAGE * SLICE):
+        cnt = min(STAGE * SLICE, n - c0)
+        for i in range(tid, cnt, nt):
+            buf[i + i // SLICE] = X[r, off + c0 + i]
+        barrier()
+        m = (cnt + SLICE - 1) // SLICE
+        for s in range(tid, m, nt):
+            o = s * (SLICE + 1)
+            ps[s] = fma_chain(buf[o:], buf[o:], min(SLICE, cnt - s * SLICE), 0)
+        barrier()
+        if tid == 0:
+            acc = add_partials(acc, ps, m)
+        barrier()
+    if tid == 0:
+        ps[STAGE] = acc
+    barrier()
+    return ps[STAGE]
 
 
 @body
@@ -48,13 +81,18 @@ def norm_head(X, xo, D, w, eps, out, r, h):
 
 
 @body
-def gated_norm_head(X, Z, zo, D, w, eps, out, r, h):
-    """out[r, c] = x·inv·w[i]·silu(Z[r, zo + c]) for c = h·D + i over head h of row r."""
+def gated_span(X, Z, zo, D, w, inv, out, r, h, i0, step):
+    """out[r, c] = x·inv·w[i]·silu(Z[r, zo + c]) for c = h·D + i, i in range(i0, D, step)."""
     o = h * D
-    inv = rms_inv(X, r, o, D, eps)
-    for i in range(D):
+    for i in range(i0, D, step):
         c = o + i
         out[r, c] = fmul(fmul(fmul(X[r, c], inv), w[i]), silu32(Z[r, zo + c]))
+
+
+@body
+def gated_norm_head(X, Z, zo, D, w, eps, out, r, h):
+    """Head h of row r, gated (:func:`gated_span`)."""
+    gated_span(X, Z, zo, D, w, rms_inv(X, r, h * D, D, eps), out, r, h, 0, 1)
 
 
 @twin("rmsnorm")
@@ -67,33 +105,19 @@ def rmsnorm_cpu(X, w, eps, out, oo, R):
 
 @kernel
 def rmsnorm_k(X, w, eps, out, oo, R):
-    """One block per row. The canonical dot of the row with itself: the block's threads compute
-    the slice partials, then one thread adds them left to right -- the same operations in the
-    same order as one thread doing it all."""
+    """One block per row (:func:`block_sumsq`)."""
     r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    inv_s = cuda.shared.array(1, np.float32)
-    ps = cuda.shared.array(RMS_MAX_SLICES, np.float32)
+    buf = cuda.shared.array(STAGE_WORDS, np.float32)
+    ps = cuda.shared.array(STAGE_PS, np.float32)
     N = X.shape[1]
-    nsl = (N + SLICE - 1) // SLICE
-    if nsl <= RMS_MAX_SLICES:
-        for s in range(tid, nsl, nt):
-            k0 = s * SLICE
-            ps[s] = fma_chain(X[r, k0:], X[r, k0:], min(SLICE, N - k0), 0)
-        cuda.syncthreads()
-        if tid == 0:
-            inv_s[0] = rms_scale(add_partials(ZERO, ps, nsl), N, eps)
-    elif tid == 0:
-        inv_s[0] = rms_inv(X, r, 0, N, eps)
-    cuda.syncthreads()
-    norm_span(X, r, 0, N, w, inv_s[0], out, oo, tid, nt)
+    inv = rms_scale(block_sumsq(X, r, 0, N, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
+    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("rmsnorm")
 def rmsnorm_cuda(X, w, eps, out, oo, R):
     """One block per row."""
-    launch(rmsnorm_k, R, RMS_THREADS, X, w, F32(eps), out, oo, R)
+    launch(rmsnorm_k, R, block_size(RMS_THREADS), X, w, F32(eps), out, oo, R)
 
 
 @twin("head_rmsnorm")
@@ -106,16 +130,22 @@ def head_rmsnorm_cpu(X, xo, heads, D, w, eps, out, R):
 
 @kernel
 def head_rmsnorm_k(X, xo, heads, D, w, eps, out, R):
-    i = cuda.grid(1)
-    if i < R * heads:
-        r = i // heads
-        norm_head(X, xo, D, w, eps, out, r, i - r * heads)
+    """One block per (row, head) (:func:`block_sumsq`)."""
+    b = cuda.blockIdx.x
+    r = b // heads
+    h = b - r * heads
+    buf = cuda.shared.array(STAGE_WORDS, np.float32)
+    ps = cuda.shared.array(STAGE_PS, np.float32)
+    off = xo + h * D
+    inv = rms_scale(block_sumsq(X, r, off, D, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
+    norm_span(X, r, off, D, w, inv, out, h * D, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("head_rmsnorm")
 def head_rmsnorm_cuda(X, xo, heads, D, w, eps, out, R):
-    """One thread per (row, head)."""
-    launch(head_rmsnorm_k, *grid1(R * heads, 32), X, xo, heads, D, w, F32(eps), out, R)
+    """One block per (row, head)."""
+    if R * heads:
+        launch(head_rmsnorm_k, R * heads, block_size(NORM_THREADS), X, xo, heads, D, w, F32(eps), out, R)
 
 
 @twin("gated_rmsnorm")
@@ -128,13 +158,18 @@ def gated_rmsnorm_cpu(X, Z, zo, heads, D, w, eps, out, R):
 
 @kernel
 def gated_rmsnorm_k(X, Z, zo, heads, D, w, eps, out, R):
-    i = cuda.grid(1)
-    if i < R * heads:
-        r = i // heads
-        gated_norm_head(X, Z, zo, D, w, eps, out, r, i - r * heads)
+    """One block per (row, head) (:func:`block_sumsq`)."""
+    b = cuda.blockIdx.x
+    r = b // heads
+    h = b - r * heads
+    buf = cuda.shared.array(STAGE_WORDS, np.float32)
+    ps = cuda.shared.array(STAGE_PS, np.float32)
+    inv = rms_scale(block_sumsq(X, r, h * D, D, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
+    gated_span(X, Z, zo, D, w, inv, out, r, h, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("gated_rmsnorm")
 def gated_rmsnorm_cuda(X, Z, zo, heads, D, w, eps, out, R):
-    """One thread per (row, head)."""
-    launch(gated_rmsnorm_k, *grid1(R * heads, 32), X, Z, zo, heads, D, w, F32(eps), out, R)
+    """One block per (row, head)."""
+    if R * heads:
+        launch(gated_rmsnorm_k, R * heads, block_size(NORM_THREADS), X, Z, zo, heads, D, w, F32(eps), out, R)

@@ -32,7 +32,7 @@ argument fixed (the scalar maps share one twin and one kernel).
 
 The names a source uses that each target binds differently -- ``fma``, ``fmul``, ``sqrt32``,
 ``bits_to_f32``, ``widen``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
-``zero_pos``, ``scratch``, ``zero_buffer``, ``generated``, ``aligned`` -- are imported from here, where they only stand for the target's.
+``block_size``, ``zero_pos``, ``scratch``, ``zero_buffer``, ``generated``, ``aligned`` -- are imported from here, where they only stand for the target's.
 :func:`build` clones every tagged function into one namespace per target (``types.FunctionType``
 on the same code object) holding that target's primitives, every family's UPPER_CASE constants
 and every other tagged function, then compiles it. Calling a family function directly, without a
@@ -110,9 +110,9 @@ class _Unbound:
 
 
 TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "barrier", "syncwarp", "prange", "cuda", "launch",
-                "grid1", "zero_pos", "scratch", "zero_buffer", "generated", "aligned")
-(fma, fmul, sqrt32, bits_to_f32, widen, barrier, syncwarp, prange, cuda, launch, grid1, zero_pos, scratch, zero_buffer,
- generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
+                "grid1", "block_size", "zero_pos", "scratch", "zero_buffer", "generated", "aligned")
+(fma, fmul, sqrt32, bits_to_f32, widen, barrier, syncwarp, prange, cuda, launch, grid1, block_size, zero_pos, scratch,
+ zero_buffer, generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
 
 
 # ------------------------------------------------------------------------------------------------

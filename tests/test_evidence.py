@@ -77,6 +77,19 @@ def test_check_evidence_statuses(tmp_path, capsys):
     assert ev.main(args) == 0
     (dev / "c.json").write_text(json.dumps({"commit": "x"}))
     assert [r["status"] for r in ev.check_evidence(str(root)) if r["path"].endswith("c.json")] == ["unstamped"]
+    # a device-check of some ops only (device-check --ops) is not the check, even at this fingerprint
+    (dev / "c.json").write_text(json.dumps({"commit": "x", "code_fingerprint": fp, "ops_filter": ["rmsnorm"]}))
+    assert [r["status"] for r in ev.check_evidence(str(root)) if r["path"].endswith("c.json")] == ["partial"]
+    assert ev.main(args) == 1
+
+
+def test_device_check_ops_filter_names_unknown_ops():
+    """``device-check --ops`` refuses an op that has no cases, in one line, before touching a GPU."""
+    from harness.errors import InputError
+    from harness.gpu import devicecheck
+
+    with pytest.raises(InputError, match=r"no cases for nope \(ops with cases: .*rmsnorm"):
+        devicecheck.device_check("unused.json", ops=["rmsnorm", "nope"])
 
 
 def test_device_receipts_record_the_fingerprint():

@@ -54,20 +54,8 @@ fi
 wait
 sort "$res/jobs.txt"
 if [ "${BISECT_8L:-0}" = 1 ]; then
-  # issue #12's goal, alone on the GPU after the jobs above: bisect of a 4,096-token bench-8l prime
-  # on CUDA (batched vs split at 2048, with a fault and without), whole command timed (process start,
-  # model load and compilation included); the model is kept in out/bench-8l for later runs
-  [ -f out/bench-8l/config.json ] || python tools/make_bench8l.py --out out/bench-8l > "$res/make-bench8l.log" 2>&1
-  for f in fault nofault; do
-    extra=()
-    [ "$f" = fault ] && extra=(--fault 5:recurrence:3000)
-    s=$(date +%s%N)
-    $h bisect --model out/bench-8l --prompt-len 4096 --a batched --b split:2048 --backend cuda "${extra[@]}" \
-      --out "$res/h200-bisect-bench8l-4096-$f.json" > "$res/bisect-bench8l-$f.log" 2>&1
-    rc=$?
-    echo "bisect bench-8l 4096 $f exit $rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms (whole command)" | tee -a "$res/jobs.txt"
-    head -4 "$res/bisect-bench8l-$f.log"
-  done
+  # issue #12's goal, alone on the GPU after the jobs above (tools/device_bisect8l.sh)
+  bash tools/device_bisect8l.sh "$res"
 fi
 {
   d() { echo "== $*"; $h diff --digests-only "$@" 2>&1 | tail -2; }

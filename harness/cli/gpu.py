@@ -27,7 +27,8 @@ def require_gpu(command: str, what: str) -> None:
 
 def cmd_device_check(args) -> int:
     require_gpu("device-check", "runs every kernel on CUDA against the CPU twin")
-    r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed)
+    ops = [x for x in (args.ops or "").split(",") if x] or None
+    r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed, ops=ops)
     s = r["summary"]
     ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
     print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
@@ -63,6 +64,8 @@ def register(sub) -> None:
     p.add_argument("--commit", default=commit, help="commit the tree is at (recorded)")
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ops", help="only these ops' cases, comma-separated, and no schedules (a partial receipt, "
+                                 "for kernel work; harness evidence does not accept it)")
     p.set_defaults(func=cmd_device_check)
 
     p = sub.add_parser("device-walker", help="prime-walker check and speculative decoding on CUDA vs CPU, digests")

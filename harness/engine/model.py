@@ -364,16 +364,17 @@ class Engine:
             logits, hf = self._step(c, key, body, {"ids": ids}, start,
                                     keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
-        out = self.B.download(logits[:n])
+        out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
-        hidden = self.B.clone(hf[:R] if keep_hidden else hf[R - 1:R])
-        c.last_h = hidden[hidden.shape[0] - 1:]
+        hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
+        c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
         return out, hidden
 
     def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
-        """The trunk's launches (no copies): returns the (logits, final-normed hidden) buffers."""
+        """The trunk's launches (no copies): returns views of the logits [n, V] and of the
+        final-normed hidden rows [R, H] (taken once per capture, not per replay)."""
         cfg, ops = self.cfg, self.ops
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
@@ -388,7 +389,7 @@ class Engine:
         self._tap("logits", logits, lo=R - n)  # the last n rows
         if flags is not None:
             ops.nonfinite_flag(logits, n, flags, len(self.layers))
-        return logits, hf
+        return logits[:n], hf[:R]
 
     def prime_chunk(self, sess, ids):
         """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend).
@@ -485,13 +486,13 @@ class Engine:
             logits = self.ws("logits", n, cfg.vocab_size)
             ops.linear(hf[R - n:], self.lm_head, logits, n)
             self._tap("logits", logits, lo=R - n)
-            return logits, hf
+            return logits[:n], hf[:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
             logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
-        out = self.B.download(logits[:n])
+        out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
-        return out, self.B.clone(hf[:R])
+        return out, self.B.clone(hf)
 
     def mtp_fill(self, sess, tokens, hiddens):
         """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]

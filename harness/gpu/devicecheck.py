@@ -23,6 +23,7 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..engine.digests import canonical_f32, continuation_digest, logits_digest
+from ..errors import InputError
 from ..matrix.runner import ulp_distance
 from .evidence import REPO, evidence_block
 
@@ -75,13 +76,13 @@ def op_cases(rng, full: bool = True):
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
     add("embed", "bf16-R9-V260-H64", (ids, _w16(rng, 260, 64),
                                       np.zeros((9, 64), F32)), [2])
-    for R, N in ([(5, 2048), (64, 64)] if full else [(64, 64)]):
+    for R, N in ([(5, 2048), (64, 64), (1, 5000)] if full else [(64, 64)]):  # 5000: five staged chunks
         add("rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32), N, R), [3])
         add("add", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, R, N), np.zeros((R, N), F32), R), [2])
-    for R, H, D in ([(3, 32, 128), (20, 4, 16)] if full else [(20, 4, 16)]):
+    for R, H, D in ([(3, 32, 128), (20, 4, 16), (2, 3, 1100)] if full else [(20, 4, 16)]):
         add("gated_rmsnorm", f"R{R}-H{H}-D{D}",
             (_r(rng, R, H * D), _r(rng, R, 3 * H * D), 2 * H * D, H, D, _r(rng, D), F32(1e-6), np.zeros((R, H * D), F32), R), [7])
-    for R, H, D in ([(5, 16, 256), (7, 4, 16)] if full else [(7, 4, 16)]):
+    for R, H, D in ([(5, 16, 256), (7, 4, 16), (2, 3, 1100)] if full else [(7, 4, 16)]):
         add("head_rmsnorm", f"R{R}-H{H}-D{D}",
             (_r(rng, R, 3 * H * D), H * D, H, D, _r(rng, D, scale=0.1), F32(1e-6), np.zeros((R, H * D), F32), R), [6])
         half = D // 8
@@ -97,7 +98,7 @@ def op_cases(rng, full: bool = True):
             (_r(rng, R, C + 5), 5, _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32), R,
              np.zeros((R, K - 1, C), F32), True), [3, 4, 6])
     gd = [(16, 32, 128, 128, 1), (16, 32, 128, 128, 70), (16, 32, 128, 128, 4), (16, 32, 128, 128, 8),
-          (16, 32, 128, 128, 9), (16, 32, 128, 128, 2500), (3, 6, 16, 24, 9)]
+          (16, 32, 128, 128, 9), (16, 32, 128, 128, 2500), (3, 9, 100, 24, 2), (3, 6, 16, 24, 9)]
     for hk, nv, dk, dv, R in (gd if full else gd[-1:]):
         kd = hk * dk
         add("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}-R{R}",
@@ -270,7 +271,10 @@ def schedule_runs(engine, ids, tokenwise_only=False):
     return out
 
 
-def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0) -> dict:
+def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0, ops=None) -> dict:
+    """Every op case and every schedule of the check models on CUDA against the CPU twin; the
+    receipt at ``out_path``. ``ops``: only the cases of these ops and no schedules (a partial
+    receipt, marked ``ops_filter``, which ``harness evidence`` does not take as the check)."""
     from ..engine import backend as bk
     from ..engine import bf16
     from ..engine.model import Engine
@@ -278,25 +282,35 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     from ..models import default_model_path, model_path
     from ..synth import random_tensors
 
+    rng = np.random.default_rng(seed)
+    t_all = time.perf_counter()
+    cases = op_cases(rng, full)
+    if ops:
+        known = {c[0] for c in cases}
+        unknown = sorted(set(ops) - known)
+        if unknown:
+            raise InputError(f"device-check --ops: no cases for {', '.join(unknown)} "
+                             f"(ops with cases: {', '.join(sorted(known))})")
+        cases = [c for c in cases if c[0] in ops]
     cpu_b = bk.get_backend("cpu")
     gpu_b = bk.get_backend("cuda")
-    rng = np.random.default_rng(seed)
     ops_rows = []
-    t_all = time.perf_counter()
-    for op, cid, args, outs in op_cases(rng, full):
+    for op, cid, args, outs in cases:
         eq, ulp, tc, tg = run_op_case(cpu_b.ops, gpu_b.ops, gpu_b.cuda, op, args, outs)
         ops_rows.append({"op": op, "case": cid, "verdict": "bitwise" if eq else "differs",
                          "max_ulp": ulp, "cpu_s": round(tc, 6), "cuda_s": round(tg, 6)})
         print(f"op {op:16s} {cid:36s} {'bitwise' if eq else f'DIFFERS max_ulp={ulp}'}", flush=True)
     models = []
-    tiny = load_checkpoint(default_model_path())
-    big_cfg = larger_config()
-    big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
-    q35 = load_checkpoint(model_path("tiny-q35"))  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
-    # exact-bf16 (issue #19) on tiny and on the bf16 Qwen3.5 checkpoint (its weights f32-resident in the mode)
-    for name, ck, T, mode in (("tiny", tiny, 130, "exact"), ("larger-random", big, 97 if full else 40, "exact"),
-                              ("tiny-q35", q35, 130, "exact"), ("tiny", tiny, 130, "exact-bf16"),
-                              ("tiny-q35", q35, 130, "exact-bf16")):
+    runs = ()
+    if not ops:
+        tiny = load_checkpoint(default_model_path())
+        big_cfg = larger_config()
+        big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
+        q35 = load_checkpoint(model_path("tiny-q35"))  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
+        # exact-bf16 (issue #19) on tiny and on the bf16 Qwen3.5 checkpoint (its weights f32-resident in the mode)
+        runs = (("tiny", tiny, 130, "exact"), ("larger-random", big, 97 if full else 40, "exact"),
+                ("tiny-q35", q35, 130, "exact"), ("tiny", tiny, 130, "exact-bf16"), ("tiny-q35", q35, 130, "exact-bf16"))
+    for name, ck, T, mode in runs:
         ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, T).astype(np.int32)
         res = {}
         for bname in ("cpu", "cuda"):
@@ -331,7 +345,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         "kind": "device-check", "schema_version": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
-        "commit": commit, "full": full, "seed": seed,
+        "commit": commit, "full": full, "seed": seed, **({"ops_filter": sorted(ops)} if ops else {}),
         "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
         **evidence_block(REPO),
         "summary": {

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Where a captured decode step's time goes on CUDA (bench-8l dimensions, random weights).
+
+    PYTHONPATH=. python tools/decode_profile.py --out decode-profile.json [--ctx 512] [--rows 1,5]
+
+For each step size (rows: 1 = a decode step, R > 1 = an R-row verify step) after a ``--ctx``-token
+prime: the whole step as the engine runs it (graph replay, logits download, finite check, hidden
+clone, host argmax), the graph replay alone (host launch + device time, synchronised), and the
+host-side pieces. Run under Nsight Compute to get every kernel of one captured step:
+
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
+        python tools/decode_profile.py --out p.json --ncu-step 1 > kernels.csv
+
+(``--ncu-step R`` brackets one replayed R-row step with cudaProfilerStart/Stop and skips the
+timing loops.)
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from harness.atomic import write_text_atomic  # noqa: E402
+
+
+def _median(xs):
+    return float(np.median(np.asarray(xs)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--reps", type=int, default=48)
+    ap.add_argument("--ncu-step", type=int, default=0)
+    ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
+    args = ap.parse_args(argv)
+    from numba import cuda
+
+    from harness.engine.config import ModelConfig
+    from harness.engine.model import Engine
+    from harness.engine.weights import Checkpoint
+    from harness.gpu.bench import BENCH_8L
+    from harness.synth import random_tensors
+
+    cfg = ModelConfig.from_dict(dict(BENCH_8L, num_nextn_predict_layers=1))
+    t0 = time.perf_counter()
+    ck = Checkpoint(cfg, random_tensors(cfg, 0))
+    eng = Engine(ck, "cuda", check_finite=True)
+    res = {"ctx": args.ctx, "build_s": time.perf_counter() - t0, "steps": {}}
+    B = eng.B
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
+    for R in [int(r) for r in args.rows.split(",")]:
+        sess = eng.new_session(args.ctx + 4 * args.reps + 64)
+        eng.prime(sess, ids)
+        step = (lambda t: eng.decode_step(sess, t)) if R == 1 else \
+            (lambda t: eng.target_step(sess, [t] * R))
+        snap = sess.cache.pos
+        for _ in range(3):  # eager, capture, replay
+            step(1)
+        key = next(k for k in sess.cache.graphs if k[1] == R)
+        graph = sess.cache.graphs[key][0]
+        if args.ncu_step:
+            if R == args.ncu_step:
+                B.synchronize()
+                cuda.profile_start()
+                step(1)
+                B.synchronize()
+                cuda.profile_stop()
+            continue
+
+        def timed(fn, n=args.reps):
+            B.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            B.synchronize()
+            return (time.perf_counter() - t) / n * 1e6
+
+        def whole():
+            logits, _ = step(1)
+            int(np.argmax(logits if logits.ndim == 1 else logits[-1]))
+            if sess.cache.pos > snap + 3 * args.reps:
+                sess.cache.pos = snap  # stay inside the capacity (timing only)
+
+        r = {"whole_us": timed(whole)}
+        if args.cprofile:  # where the host's share of a step goes
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.reps):
+                whole()
+            B.synchronize()
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+            r["cprofile_tottime"] = buf.getvalue().splitlines()
+
+        def replay():
+            graph.replay()
+            B.synchronize()
+
+        r["replay_sync_us"] = timed(replay)
+        ev0, ev1 = cuda.event(), cuda.event()
+        ev0.record()
+        for _ in range(args.reps):
+            graph.replay()
+        ev1.record()
+        ev1.synchronize()
+        r["replay_device_us"] = cuda.event_elapsed_time(ev0, ev1) / args.reps * 1e3
+        out = sess.cache.graphs[key][1][0]
+        r["download_logits_us"] = timed(lambda: B.download(out[:R]))
+        host = B.download(out[:R])
+        r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
+        res["steps"][str(R)] = r
+        print(R, json.dumps({k: v for k, v in r.items() if k.endswith("_us")}), flush=True)
+    if not args.ncu_step:
+        write_text_atomic(args.out, json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
