@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
-from .norms import NORM_THREADS, STAGE_PS, STAGE_WORDS, block_sumsq  # noqa: F401 (the gdn_prep kernel)
+from .norms import NORM_THREADS, STAGE_PS, STAGE_WORDS, block_sumsq
 from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
                    launch, launcher, prange, sqrt32, twin)
 

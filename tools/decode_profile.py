@@ -28,10 +28,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
-def _median(xs):
-    return float(np.median(np.asarray(xs)))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

@@ -23,8 +23,9 @@
 #        with one worker and with two (one per GPU when there are two, else sharing one), diffed
 #        with each other, and the speed-up (walls in walls.txt, receipts' wall_s).
 # bisect: harness bisect (issue #12): tracing on vs off on CUDA (bitwise); the tiny model CPU vs
-#         CUDA (no divergence expected) and with a fault on CUDA; bench-8l primed 4096 tokens on
-#         CUDA, batched vs split, with a fault (goal: under a minute, compilation included).
+#         CUDA (no divergence expected) and with a fault on CUDA; then tools/device_bisect8l.sh:
+#         bench-8l primed 4096 tokens on CUDA, batched vs split, with a fault and without (goal:
+#         under a minute, compilation included; the model is kept in out/bench-8l).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
 # plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
 set -euo pipefail
@@ -178,10 +179,6 @@ PY
   bis tiny-cpu-cuda --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda
   bis tiny-cpu-cuda-fault --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
       --fault 2:recurrence:200
-  python tools/make_bench8l.py --out "$out/bench-8l" > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"
-  bis bench8l-4096 --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda \
-      --fault 5:recurrence:3000
-  bis bench8l-4096-nofault --model "$out/bench-8l" --prompt-len 4096 --a batched --b split:2048 --backend cuda
-  rm -rf "$out/bench-8l"
+  bash tools/device_bisect8l.sh "$res"  # bench-8l primed 4,096 tokens, with a fault and without
 fi
 tar cf "$out/results.tar" -C "$out" results
