@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 
 import numpy as np
 
@@ -88,6 +89,10 @@ class CudaBackend:
         self.cuda = cuda
         self.ops = kcuda
         self.threads, self.threads_why = None, "cuda"  # host threads do not run kernels here
+        # the copies of a step go straight to the driver (one call each) on a GPU; under the
+        # simulator through numba's device arrays
+        self._drv = None if kcuda.SIMULATED else _raw_driver()
+        self._pin = threading.local()  # per host thread: a pinned staging buffer for downloads
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()
@@ -113,22 +118,60 @@ class CudaBackend:
         return self.cuda.to_device(np.ascontiguousarray(a))
 
     def download(self, a):
-        return a.copy_to_host()
+        """``a`` on the host (a new array). A contiguous array goes through this thread's pinned
+        staging buffer (one driver copy at pinned speed, then a host copy); others through numba."""
+        if self._drv is None or not _contiguous(a) or a.nbytes < PINNED_MIN_BYTES:
+            if self._drv is not None and _contiguous(a) and a.size:
+                out = np.empty(a.shape, a.dtype)
+                self._drv.device_to_host(out, a, a.nbytes)
+                return out
+            return a.copy_to_host()
+        pin = getattr(self._pin, "buf", None)
+        if pin is None or pin.size < a.nbytes:
+            pin = self._pin.buf = self.cuda.pinned_array(max(a.nbytes, 2 * (0 if pin is None else pin.size)), np.uint8)
+        self._drv.device_to_host(pin, a, a.nbytes)
+        return pin[:a.nbytes].view(a.dtype).reshape(a.shape).copy()
 
     def copy_into(self, dst, src):
-        if isinstance(src, np.ndarray):
-            dst.copy_to_device(np.ascontiguousarray(src))
-        else:
+        on_device = getattr(src, "__cuda_memory__", False)
+        if not on_device and isinstance(src, np.ndarray):
+            src = np.ascontiguousarray(src)
+        fast = (self._drv is not None and (on_device or isinstance(src, np.ndarray)) and _contiguous(dst)
+                and _contiguous(src) and src.dtype == dst.dtype and src.shape == dst.shape)
+        if not fast:
             dst.copy_to_device(src)
+        elif src.size:
+            (self._drv.device_to_device if on_device else self._drv.host_to_device)(dst, src, src.nbytes)
 
     def clone(self, a):
         out = self.cuda.device_array(a.shape, a.dtype)
         if a.size:  # an empty plane (no MTP rows yet): nothing to copy (the simulator refuses its strides)
-            out.copy_to_device(a)
+            self.copy_into(out, a)
         return out
 
     def synchronize(self):
         self.cuda.synchronize()
+
+
+PINNED_MIN_BYTES = 1 << 16  # downloads from this size on go through pinned memory
+
+
+def _contiguous(a) -> bool:
+    """A numba device array (or view) whose elements are one C-contiguous run."""
+    return bool(a.flags["C_CONTIGUOUS"])
+
+
+def _raw_driver():
+    """numba-cuda's driver-level copies (``host_to_device``, ``device_to_host``,
+    ``device_to_device``: one driver call each, synchronous on the legacy default stream, like
+    the device arrays' own copies), or None where this numba-cuda lacks them."""
+    try:
+        from numba.cuda.cudadrv import driver
+    except ImportError:  # pragma: no cover
+        return None
+    if all(hasattr(driver, n) for n in ("host_to_device", "device_to_host", "device_to_device")):
+        return driver
+    return None  # pragma: no cover
 
 
 _CACHE: dict = {}
