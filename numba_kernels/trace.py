@@ -51,7 +51,6 @@ def combine_lanes(lanes, h):
 def row_hash_cpu(X, x0, m, c0, c1, H, slot, chain, R):
     """H[r, slot] = the lane-interleaved FNV-1a of traced row r of X, for r < R (continuing from
     H[r, slot] when ``chain``)."""
-    W = c1 - c0
     lanes = np.empty(HASH_LANES, np.uint64)
     for r in range(R):
         lanes[:] = FNV_OFFSET
