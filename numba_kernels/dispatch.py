@@ -44,8 +44,10 @@ def pick(op: str, R: int) -> str:
 
 
 # ---- exact-bf16 (issue #19) ---------------------------------------------------------------------
-# One kernel per op at every row count (rows are independent inside an MMA, so a decode row padded
-# to 16 is the same row of a prime). On a GPU numba_kernels.cuda sets "linear_mma" to the
-# tensor-core kernel (mma_tc.linear_mma_tc); the other ops, and everything under the simulator,
-# run the naive kernels (the twin's emulation, one thread per output).
+# Rows are independent inside an MMA, so a decode row padded to 16 is the same row of a prime. On a
+# GPU numba_kernels.cuda sets "linear_mma" to the tensor-core kernel (mma_tc.linear_mma_tc); under
+# the simulator it, and the MoE ops everywhere, run the naive kernels (the twin's emulation, one
+# thread per output). attention_mma: up to SPLIT_MAX_ROWS rows split-KV (attention_mma_split, when
+# its buffers fit SPLIT_MAX_STATS_BYTES), else one block per (row, head) (attention_mma_tiled);
+# both run the twin's tile body with a block's threads as lanes.
 MMA_KERNELS: dict = {}

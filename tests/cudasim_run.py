@@ -39,7 +39,8 @@ assert kc.SIMULATED
 F32 = np.float32
 rng = np.random.default_rng(0)
 CASES: list = []
-POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_prime": 4, "attention_tiled": 4}
+POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_prime": 4, "attention_tiled": 4,
+           "attention_mma": 4, "attention_mma_split": 4, "attention_mma_tiled": 4}
 
 
 def r(*shape, scale=1.0):
@@ -248,6 +249,15 @@ def mma_cases(attn):
     for R, start in ((1, 70), (3, 60)):
         case("attention_mma", f"R{R}-p{start}-Hq3-Hkv1-D24", attn(R, start, 3, 1, 24, 4), [3], rows=R)
     case("attention_mma", "naive-R2-p10", attn(2, 10, 2, 1, 16, 4), [3], cuda_op="attention_mma_naive", rows=2)
+    # past the split-KV threshold (one block per (row, head)), each version on its own, and the
+    # captured step's device-side position (split over the cache's capacity: tiles past it exit)
+    split = dispatch.SPLIT_MAX_ROWS
+    case("attention_mma", f"R{split + 1}-p50-Hq2-Hkv1-D16", attn(split + 1, 50, 2, 1, 16, 4), [3], rows=split + 1)
+    case("attention_mma", "tiled-R2-p70-Hq3-Hkv1-D24", attn(2, 70, 3, 1, 24, 4), [3], cuda_op="attention_mma_tiled",
+         rows=2)
+    case("attention_mma", "split-R2-p70-Hq3-Hkv1-D24", attn(2, 70, 3, 1, 24, 4), [3], cuda_op="attention_mma_split",
+         rows=2)
+    case("attention_mma", "R1-p130-Hq3-Hkv1-D24@pos", attn(1, 130, 3, 1, 24, 70), [3], rows=1, pos=True)
     idx = np.array([[1, 5], [7, 0], [3, 2]], np.int32)
     case("moe_up_mma", "R3-k2-I6-H40", (r(3, 40), bf(r(8 * 6, 40)), bf(r(8 * 6, 40)), idx, 6, np.zeros((6, 6), F32), 3),
          [5])

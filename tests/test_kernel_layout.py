@@ -66,7 +66,8 @@ def test_host_helpers_and_versions():
     assert host and all(SIGS[n].get("host") for n in host)
     versions = {n: s["of"] for n, s in SIGS.items() if "cpu" not in s}
     assert set(versions) == {"linear_naive", "gemv", "gemm", "attention_tiled", "attention_split", "attention_prime",
-                             "gdn_recurrence_naive", "gdn_recurrence_fast", "linear_mma_naive", "attention_mma_naive"}
+                             "gdn_recurrence_naive", "gdn_recurrence_fast", "linear_mma_naive", "attention_mma_naive",
+                             "attention_mma_tiled", "attention_mma_split"}
     for n, of in versions.items():  # the op's parameters, then at most a configuration (cfg=None)
         mine, op = list(SIGS[n]["cuda"].parameters.values()), list(SIGS[of]["cuda"].parameters.values())
         assert mine[:len(op)] == op and [(p.name, p.default) for p in mine[len(op):]] in ([], [("cfg", None)]), (n, of)

@@ -2,6 +2,7 @@
 """Where a captured decode step's time goes on CUDA (bench-8l dimensions, random weights).
 
     PYTHONPATH=. python tools/decode_profile.py --out decode-profile.json [--ctx 512] [--rows 1,5]
+        [--mode exact|exact-bf16] [--weights f32|bf16]
 
 For each step size (rows: 1 = a decode step, R > 1 = an R-row verify step) after a ``--ctx``-token
 prime: the whole step as the engine runs it (graph replay, logits download, finite check, hidden
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,5")
     ap.add_argument("--reps", type=int, default=48)
     ap.add_argument("--ncu-step", type=int, default=0)
+    ap.add_argument("--mode", default="exact", help="arithmetic mode: exact | exact-bf16")
+    ap.add_argument("--weights", default=None, help="resident weights: f32 | bf16 (default: the mode's)")
     ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
     args = ap.parse_args(argv)
     from numba import cuda
@@ -48,8 +51,8 @@ def main(argv=None) -> int:
     cfg = ModelConfig.from_dict(dict(BENCH_8L, num_nextn_predict_layers=1))
     t0 = time.perf_counter()
     ck = Checkpoint(cfg, random_tensors(cfg, 0))
-    eng = Engine(ck, "cuda", check_finite=True)
-    res = {"ctx": args.ctx, "build_s": time.perf_counter() - t0, "steps": {}}
+    eng = Engine(ck, "cuda", check_finite=True, mode=args.mode, weights=args.weights)
+    res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "build_s": time.perf_counter() - t0, "steps": {}}
     B = eng.B
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
     for R in [int(r) for r in args.rows.split(",")]:

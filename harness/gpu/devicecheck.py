@@ -190,14 +190,19 @@ def mma_op_cases(rng, full, add):
     for R, K, N in (lin if full else lin[4:5] + lin[6:]):
         add("linear_mma", f"R{R}-K{K}-N{N}",
             (_r(rng, R, K), round_bf16(_r(rng, N, K, scale=K ** -0.5)), np.zeros((R, N), F32), R), [2])
-    for hq, hkv, D, start, R in ([(16, 2, 256, 1000, 1), (4, 2, 64, 61, 17)] if full else [(4, 2, 64, 61, 17)]):
+    # split-KV up to SPLIT_MAX_ROWS (16) rows, one block per (row, head) past it; the captured
+    # step's device-side position (@pos: the grid covers the cache's capacity); odd heads
+    att = [(16, 2, 256, 1000, 1, ""), (4, 2, 64, 61, 17, ""), (16, 2, 256, 5000, 4, "@pos"), (3, 1, 24, 130, 16, ""),
+           (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos")]
+    for hq, hkv, D, start, R, tag in (att if full else att[1:2] + att[5:]):
         ctx = start + R
-        add("attention_mma", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p{start}",
-            (_r(rng, R, hq * D), _r(rng, ctx, hkv * D), _r(rng, ctx, hkv * D), np.zeros((R, hq * D), F32), start, R, hq,
-             hkv, D, F32(D ** -0.5)), [3])
+        cap = ctx + (100 if tag else 0)
+        add("attention_mma" + tag, f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p{start}" + (f"-cap{cap}" if tag else ""),
+            (_r(rng, R, hq * D), _r(rng, cap, hkv * D), _r(rng, cap, hkv * D), np.zeros((R, hq * D), F32), start, R,
+             hq, hkv, D, F32(D ** -0.5)), [3])
 
 
-POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4}  # where ``start`` sits in the args
+POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_mma": 4}  # where ``start`` sits in the args
 
 
 def run_op_case(cpu_ops, cuda_ops, cuda, op, args, outs):
