@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .launch import launch
+from .launch import aligned, launch
 
 # LLVM inline-asm operands: the outputs first ($0..$3 = d), then a ($4..$7), b ($8, $9), c ($10..$13);
 # C and D move through .f32 registers as raw bits (mov.b32), so NaN payloads reach the instruction
@@ -129,19 +129,143 @@ def linear_mma_tc_k(Xu, Wu, outu, R):
             outu[r + 8, c + 1] = d3
 
 
+# ---- the vectorised kernel: one 16-byte load per lane per K step ------------------------------
+# Within one MMA step the rule sums all 16 products exactly after one alignment to the largest
+# term (numba_kernels/MMA.md §2: emax, the truncation grid and the single rounding are properties
+# of the set of terms), so the 16 k of a step may sit in any fragment position, as long as A and B
+# use the same one. Here lane (g, q) holds the step's k = 4q … 4q+3: fragment k 2q, 2q+1 ← 4q,
+# 4q+1 and 2q+8, 2q+9 ← 4q+2, 4q+3, so each lane reads W[o, k0+4q : k0+4q+4] and
+# X[r, k0+4q : k0+4q+4] in one 16-byte load each (rows 16-byte aligned: K % 4 == 0).
+_LDG4U = ("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, $5, 0;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n"
+          "\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t@q ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];\n}")
+
+
+@intrinsic
+def ldg4u(typingctx, A, off, p):
+    """4 uint32 at flat element ``off`` of a C-contiguous uint32 array (one 16-byte load, off a
+    multiple of 4), or four zeros where ``p`` is 0 (the load is not issued)."""
+    sig = types.UniTuple(_U32, 4)(A, off, p)
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        off64 = args[1] if args[1].type.width == 64 else builder.sext(args[1], i64)
+        ptr = builder.addrspacecast(builder.gep(a.data, [off64]), ir.PointerType(i32, 1))
+        pred = builder.zext(builder.icmp_unsigned("!=", args[2], ir.Constant(args[2].type, 0)), i32) \
+            if not isinstance(signature.args[2], types.Boolean) else builder.zext(args[2], i32)
+        asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type, i32]), _LDG4U,
+                           "=r,=r,=r,=r,l,r")
+        r = builder.call(asm, [ptr, pred])
+        return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, e) for e in range(4)])
+
+    return sig, codegen
+
+
+@cuda.jit(device=True, inline=True)
+def _a4(Xu, r, k, R, K):
+    """Row r's k … k+3 rounded to bf16 and packed as (k, k+1), (k+2, k+3); +0 outside."""
+    x0, x1, x2, x3 = ldg4u(Xu, r * K + k, r < R and k < K)
+    return _bf16(x0) | (_bf16(x1) << np.uint32(16)), _bf16(x2) | (_bf16(x3) << np.uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def _b4(Wu, o, k, N, K):
+    """W's bf16 (the high halves) at row o, k … k+3, packed as _a4; +0 outside."""
+    w0, w1, w2, w3 = ldg4u(Wu, o * K + k, o < N and k < K)
+    return ((w0 >> np.uint32(16)) | (w1 & np.uint32(0xFFFF0000)),
+            (w2 >> np.uint32(16)) | (w3 & np.uint32(0xFFFF0000)))
+
+
+@cuda.jit(device=True, inline=True)
+def _frag4(Xu, Wu, r0, o, k, R, N, K):
+    """One step's fragments (a0, a1, a2, a3, b0, b1) of lane (g, q) at k = k0 + 4q: rows r0 = tile
+    row + g and r0 + 8, column o."""
+    a0, a2 = _a4(Xu, r0, k, R, K)
+    a1, a3 = _a4(Xu, r0 + 8, k, R, K)
+    b0, b1 = _b4(Wu, o, k, N, K)
+    return a0, a1, a2, a3, b0, b1
+
+
+@cuda.jit(device=True, inline=True)
+def _mma6(f, d0, d1, d2, d3):
+    return mma_bf16(f[0], f[1], f[2], f[3], f[4], f[5], d0, d1, d2, d3)
+
+
+@cuda.jit
+def linear_mma_tc4_k(Xu, Wu, outu, R):
+    """As linear_mma_tc_k with 16-byte fragment loads (K % 4 == 0) and the loads of the next four
+    K steps issued before the MMAs of the current four."""
+    N, K = Wu.shape
+    warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+    lane = cuda.threadIdx.x & 31
+    ntn = (N + 7) >> 3
+    tm = warp // ntn
+    if tm * 16 >= R:  # uniform over the warp
+        return
+    r0 = tm * 16
+    o0 = (warp - tm * ntn) * 8
+    g = lane >> 2
+    q = lane & 3
+    rg = r0 + g
+    og = o0 + g
+    kq = 4 * q
+    d0 = np.uint32(0)
+    d1 = np.uint32(0)
+    d2 = np.uint32(0)
+    d3 = np.uint32(0)
+    f0 = _frag4(Xu, Wu, rg, og, kq, R, N, K)
+    f1 = _frag4(Xu, Wu, rg, og, kq + 16, R, N, K)
+    f2 = _frag4(Xu, Wu, rg, og, kq + 32, R, N, K)
+    f3 = _frag4(Xu, Wu, rg, og, kq + 48, R, N, K)
+    k0 = 0
+    while k0 < K:  # steps k0, k0+16, k0+32, k0+48 (those < K, a uniform test) in order
+        n0 = _frag4(Xu, Wu, rg, og, k0 + 64 + kq, R, N, K)
+        n1 = _frag4(Xu, Wu, rg, og, k0 + 80 + kq, R, N, K)
+        n2 = _frag4(Xu, Wu, rg, og, k0 + 96 + kq, R, N, K)
+        n3 = _frag4(Xu, Wu, rg, og, k0 + 112 + kq, R, N, K)
+        d0, d1, d2, d3 = _mma6(f0, d0, d1, d2, d3)
+        if k0 + 16 < K:
+            d0, d1, d2, d3 = _mma6(f1, d0, d1, d2, d3)
+        if k0 + 32 < K:
+            d0, d1, d2, d3 = _mma6(f2, d0, d1, d2, d3)
+        if k0 + 48 < K:
+            d0, d1, d2, d3 = _mma6(f3, d0, d1, d2, d3)
+        f0 = n0
+        f1 = n1
+        f2 = n2
+        f3 = n3
+        k0 += 64
+    c = o0 + 2 * q
+    if rg < R:
+        if c < N:
+            outu[rg, c] = d0
+        if c + 1 < N:
+            outu[rg, c + 1] = d1
+    if rg + 8 < R:
+        if c < N:
+            outu[rg + 8, c] = d2
+        if c + 1 < N:
+            outu[rg + 8, c + 1] = d3
+
+
 TC_WARPS = 4  # warps (output tiles) per block
+TC_SPREAD_TILES = 4096  # fewer output tiles than this: one warp per block, spread over the SMs
 
 
 def linear_mma_tc(X, W, out, R):
-    """exact-bf16 linear on the tensor cores (see the module docstring); the twin's signature."""
-    N = W.shape[0]
+    """exact-bf16 linear on the tensor cores (see the module docstring); the twin's signature. Rows
+    of 16-byte-aligned length (K % 4 == 0, C-contiguous) take the vectorised kernel."""
+    N, K = W.shape
     tiles = ((R + 15) // 16) * ((N + 7) // 8)
-    launch(linear_mma_tc_k, (tiles + TC_WARPS - 1) // TC_WARPS, 32 * TC_WARPS, X.view(np.uint32), W.view(np.uint32),
-           out.view(np.uint32), R)
+    vec = K % 4 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
+    wpb = 1 if vec and tiles < TC_SPREAD_TILES else TC_WARPS
+    launch(linear_mma_tc4_k if vec else linear_mma_tc_k, (tiles + wpb - 1) // wpb, 32 * wpb, X.view(np.uint32),
+           W.view(np.uint32), out.view(np.uint32), R)
 
 
-def compile_ptx_sm90() -> str:
-    """The kernel's PTX for sm_90 (no GPU needed): for ``ptxas -arch=sm_90`` and the SASS check."""
+def compile_ptx_sm90(kernel=None) -> str:
+    """A kernel's PTX for sm_90 (no GPU needed; default ``linear_mma_tc_k``): for ``ptxas
+    -arch=sm_90`` and the SASS check."""
     sig = (types.uint32[:, ::1], types.uint32[:, ::1], types.uint32[:, ::1], types.int64)
-    ptx, _ = cuda.compile_ptx(linear_mma_tc_k.py_func, sig, cc=(9, 0))
+    ptx, _ = cuda.compile_ptx((kernel or linear_mma_tc_k).py_func, sig, cc=(9, 0))
     return ptx

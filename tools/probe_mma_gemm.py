@@ -7,7 +7,7 @@ For each shape (decode rows, a prime chunk, bench-8l-like widths): ``linear_mma`
 bitwise (the sampled rows run on the CPU in full, every column), and its time against torch bf16
 ``X @ W.T`` (cuBLAS, tensor cores) and the bf16 weight-read floor (bytes of W at 4.8 TB/s).
 Writes DIR/probe-mma-gemm.json and prints one line per shape. Also ``--check-compile``: compile the
-kernel for sm_90 without a GPU and count HMMA instructions (needs ptxas / cuobjdump on PATH or
+kernels (scalar and 16-byte loads) for sm_90 without a GPU and count HMMA instructions (needs ptxas / cuobjdump on PATH or
 /usr/local/sass).
 """
 
@@ -34,19 +34,22 @@ HBM_BPS = 4.8e12
 def check_compile() -> int:
     from numba_kernels import mma_tc
 
-    ptx = mma_tc.compile_ptx_sm90()
-    d = tempfile.mkdtemp()
-    p = os.path.join(d, "k.ptx")
-    with open(p, "w") as f:
-        f.write(ptx)
-    ptxas = shutil.which("ptxas") or "ptxas"
-    cuobj = shutil.which("cuobjdump") or "/usr/local/sass/cuobjdump"
-    info = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", p + ".cubin"], capture_output=True, text=True)
-    sass = subprocess.run([cuobj, "-sass", p + ".cubin"], capture_output=True, text=True).stdout
-    lines = [ln for ln in sass.splitlines() if ln.strip().startswith("/*") and "*/" in ln[4:]]
-    print(f"ptx mma.sync: {ptx.count('mma.sync')}; ptxas: {info.stderr.strip().splitlines()[-2:]}")
-    print(f"sass: {sum('HMMA' in ln for ln in lines)} HMMA of {len(lines)} instructions")
-    return 0 if "HMMA" in sass else 1
+    ok = True
+    for kernel in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k):
+        ptx = mma_tc.compile_ptx_sm90(kernel)
+        d = tempfile.mkdtemp()
+        p = os.path.join(d, "k.ptx")
+        with open(p, "w") as f:
+            f.write(ptx)
+        ptxas = shutil.which("ptxas") or "ptxas"
+        cuobj = shutil.which("cuobjdump") or "/usr/local/sass/cuobjdump"
+        info = subprocess.run([ptxas, "-arch=sm_90", "-v", p, "-o", p + ".cubin"], capture_output=True, text=True)
+        sass = subprocess.run([cuobj, "-sass", p + ".cubin"], capture_output=True, text=True).stdout
+        lines = [ln for ln in sass.splitlines() if ln.strip().startswith("/*") and "*/" in ln[4:]]
+        print(f"{kernel.__name__}: ptx mma.sync: {ptx.count('mma.sync')}; ptxas: {info.stderr.strip().splitlines()[-2:]}")
+        print(f"  sass: {sum('HMMA' in ln for ln in lines)} HMMA of {len(lines)} instructions")
+        ok &= "HMMA" in sass
+    return 0 if ok else 1
 
 
 def main() -> int:

@@ -185,9 +185,11 @@ def mma_op_cases(rng, full, add):
     MMA row tile and past it) and many rows; K not a multiple of 16, N not of 8; weights bf16."""
     from ..engine.modes import round_bf16
 
-    lin = [(1, 2048, 5632), (4, 1100, 77), (5, 2048, 2048), (16, 2048, 2048), (17, 260, 130), (64, 2048, 5632),
-           (130, 97, 33)]
-    for R, K, N in (lin if full else lin[4:5] + lin[6:]):
+    # K % 4 == 0 takes the tensor-core kernel with 16-byte loads (K 260 and 1100: a last step of
+    # 4 and 12 terms), other K the scalar one (1026, 97)
+    lin = [(1, 2048, 5632), (4, 1100, 77), (5, 2048, 2048), (16, 2048, 2048), (1, 1026, 41), (17, 260, 130),
+           (64, 2048, 5632), (130, 97, 33)]
+    for R, K, N in (lin if full else lin[5:6] + lin[7:]):
         add("linear_mma", f"R{R}-K{K}-N{N}",
             (_r(rng, R, K), round_bf16(_r(rng, N, K, scale=K ** -0.5)), np.zeros((R, N), F32), R), [2])
     # split-KV up to SPLIT_MAX_ROWS (16) rows, one block per (row, head) past it; the captured
