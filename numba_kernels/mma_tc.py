@@ -18,9 +18,14 @@ Fragment layout (PTX ISA, m16n8k16 .bf16): lane = 4g + q; A regs (row g, k 2q..2
 (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..), lower k in the low half; B regs
 (k 2q..2q+1, col g), (k 2q+8..2q+9, col g); C/D (row g, col 2q, 2q+1), (row g+8, col 2q, 2q+1).
 
-A first version: fragments straight from global memory, no shared-memory staging, no
-``ldmatrix``; correct first (``harness device-check`` compares it bitwise with the twin at every
-row count), fast next (``tools/probe_mma_gemm.py`` times it against torch bf16).
+``linear_mma_tc4_k`` (rows of K % 4 == 0, 16-byte aligned): the same tiles, with each lane reading
+a step's four k in one 16-byte load (the step's k permuted alike in A and B; see the comment above
+it) and the next four steps' loads issued before the current four MMAs. ``linear_mma_tc`` picks it
+when it applies and ``linear_mma_tc_k`` otherwise.
+
+Fragments come straight from global memory: no shared-memory staging, no ``ldmatrix`` yet.
+``harness device-check`` compares both kernels bitwise with the twin at every row count;
+``tools/probe_mma_gemm.py`` times them against torch bf16.
 """
 
 from __future__ import annotations
