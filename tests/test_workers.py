@@ -172,7 +172,12 @@ def test_workers_tokenize_per_model_and_keep_list_golden_and_schema_2(tmp_path):
     assert _comparable(w) == _comparable(s)
     assert "executor" in w and "executor" not in s
     assert set(w["env"]) == set(s["env"]) >= {"threads", "threads_why", "cores", "load"}
-    assert w["warmup_s"] > 0 and all(x["warmup_s"] > 0 for x in w["executor"]["workers"])
+    # every worker that took a task warmed up first (one still starting when the last task ended
+    # took none and has no warm-up to report: on a loaded 2-core machine that happens)
+    workers = w["executor"]["workers"]
+    assert w["warmup_s"] > 0 and any(x["tasks"] for x in workers)
+    assert all(x["warmup_s"] > 0 for x in workers if x["tasks"])
+    assert all(x["warmup_s"] is None for x in workers if not x["tasks"] and "host" not in x)
     # text prompts: each model's own tokenizer (BPE for own, bytes for tiny): other lengths, other ids
     lens = {(c["model"], c["prompt"]): c["prompt_len"] for c in w["cells"]}
     assert lens[("tiny", "short")] == len(b"Hello there, prime walker.") != lens[("own", "short")]

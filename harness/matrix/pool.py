@@ -12,7 +12,8 @@ one under ``harness diff`` (one :func:`.runner.make_receipt` builds both, from e
 Informational fields that a parallel run measures differently: ``env`` is worker 0's (its
 ``threads`` are one worker's) with the host's ``cores`` and ``load`` measured here, and
 ``warmup_s`` is the longest worker's warm-up (they warm up side by side; each worker's is in
-``executor.workers``).
+``executor.workers``, None for a worker that was still starting when the last task finished: it
+took no task and never reported).
 
 A worker that dies (its process exits, its Ray actor is lost) is reported (``progress.warning``
 and ``executor.incidents``) and the task it held goes back to the queue for the others. A task
@@ -121,7 +122,7 @@ def run_parallel(spec: MatrixSpec, shard: tuple, executor, workers: int | None =
         receipt = make_receipt(spec, first["model"], env, shard, time.perf_counter() - t0, warm_s,
                                p.skipped, assembly.cells())
         receipt["executor"] = dict(executor.info(), workers=[
-            dict(metas.get(w, {}).get("worker", {}), index=w, tasks=stats[w]["tasks"],
+            dict({"warmup_s": None}, **metas.get(w, {}).get("worker", {}), index=w, tasks=stats[w]["tasks"],
                  busy_s=round(stats[w]["busy_s"], 3), alive=w in alive) for w in range(count)],
             tasks=len(p.tasks), incidents=incidents)
         finished = True
