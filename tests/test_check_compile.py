@@ -1,0 +1,54 @@
+"""tools/check_compile.py, the CUDA compile check for a machine without a GPU: launch arguments
+described as numba types, a kernel compiled for sm_90 from a recorded signature, and a kernel
+that the CUDA compiler rejects reported as a failure (the simulator would have run it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import check_compile as chk  # noqa: E402
+
+pytest.importorskip("numba.cuda")
+
+
+def test_launch_arguments_become_numba_types():
+    a = np.zeros((3, 4), np.float32)
+    assert chk._type_of(a) == ["array", "float32", 2, "C"]
+    assert chk._type_of(a[:, :2]) == ["array", "float32", 2, "A"]
+    assert chk._type_of(np.float32(1)) == ["scalar", "float32"]
+    assert chk._type_of(np.int32(1)) == ["scalar", "int32"]
+    assert chk._type_of(3) == ["scalar", "int64"] and chk._type_of(2.5) == ["scalar", "float64"]
+    assert chk._type_of(True) == ["scalar", "boolean"]
+    assert str(chk._numba_type(["array", "uint16", 1, "C"])) == "array(uint16, 1d, C)"
+    with pytest.raises(TypeError):
+        chk._type_of(object())
+
+
+RMS_SIG = [["array", "float32", 2, "C"], ["array", "float32", 1, "C"], ["scalar", "float32"],
+           ["array", "float32", 2, "C"], ["scalar", "int64"], ["scalar", "int64"]]
+
+
+def test_compiles_a_recorded_kernel_and_reports_what_the_compiler_rejects(monkeypatch):
+    from numba import cuda
+
+    from numba_kernels import cuda as kc
+
+    def bad_k(X, n):  # a shared array sized by an argument: the simulator runs it, the compiler refuses
+        s = cuda.shared.array(n + 1, np.float32)
+        s[0] = X[0]
+
+    monkeypatch.setitem(kc._NS, "bad_k", cuda.jit(bad_k))
+    rec = [{"kind": "kernel", "name": "rmsnorm_k", "sigs": [RMS_SIG]},
+           {"kind": "kernel", "name": "bad_k", "sigs": [[["array", "float32", 1, "C"], ["scalar", "int64"]]]},
+           {"kind": "kernel", "name": "missing_k", "sigs": [[["scalar", "int64"]]]}]
+    rows = {r["kernel"]: r for r in chk.compile_all(rec, only={"rmsnorm_k", "bad_k", "missing_k"})}
+    assert rows["rmsnorm_k"]["ok"], rows["rmsnorm_k"]
+    assert not rows["bad_k"]["ok"] and rows["bad_k"]["error"]
+    assert not rows["missing_k"]["ok"] and "no CUDA kernel named missing_k" in rows["missing_k"]["error"]
+    import numba.cuda.dispatcher as dispatcher
+    assert dispatcher.get_current_device.__name__ != "<lambda>"  # the stand-in device is gone again

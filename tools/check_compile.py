@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Compile the CUDA kernels for sm_90 on a machine without a GPU, before spending device time.
+
+    python tools/check_compile.py [--ptxas] [--only NAME[,NAME]] [--json FILE]
+
+Numba's simulator runs a kernel's Python, not its compilation, so it misses what only the CUDA
+compiler rejects: a device function that does not type for CUDA, a ``cuda.shared.array`` size
+that is an expression instead of a named constant, a register budget that spills. This tool:
+
+1. runs the op cases of ``tests/cudasim_run.py`` under the simulator (a subprocess with
+   ``NUMBA_ENABLE_CUDASIM=1``; about 5 minutes on 2 cores) and records, for every launch, the
+   kernel (a ``@kernel`` function by name, a generated kernel by its source) and its argument
+   types;
+2. compiles each distinct (kernel, argument types) here with numba-cuda's ``compile_ptx`` for
+   compute capability 9.0 (no driver needed), and the tensor-core kernels of
+   ``numba_kernels/mma_tc.py`` (which the simulator cannot run) with their one signature;
+3. with ``--ptxas`` (needs ``ptxas`` on PATH), assembles each PTX for sm_90 and reports the
+   registers and any spill.
+
+Prints one line per compiled kernel and exits 1 if any fails. A generated kernel is compiled in
+the configurations the op cases use, not every configuration a model's shapes pick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+MARK = "SIGNATURES "
+
+
+# ---- step 1: in the simulator -----------------------------------------------------------------
+def _type_of(a):
+    """A launch argument's numba type, as a small JSON-able description."""
+    import numpy as np
+
+    if hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.generic):
+        return ["array", str(a.dtype), int(a.ndim), "C" if a.flags["C_CONTIGUOUS"] else "A"]
+    if isinstance(a, (bool, np.bool_)):
+        return ["scalar", "boolean"]
+    if isinstance(a, np.generic):
+        return ["scalar", str(a.dtype)]
+    if isinstance(a, int):
+        return ["scalar", "int64"]
+    if isinstance(a, float):
+        return ["scalar", "float64"]
+    raise TypeError(f"launch argument of type {type(a).__name__} is not described")
+
+
+def record() -> int:
+    """Run the simulator's op cases with every launch recorded; print the signatures as JSON."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import cudasim_run  # noqa: E402  (runs nothing at import; builds the simulated kernels)
+    from numba_kernels import launch
+
+    seen: dict = {}
+
+    class Recorder(list):
+        """The launch target: runs each launch at once, as the default target would, and notes
+        what was launched with which argument types."""
+
+        def append(self, item):
+            disp, grid, block, smem, args = item
+            made = next(((g, c) for (g, c), k in launch._GENERATED.items() if k.disp is disp), None)
+            if made is not None:
+                src = made[0](made[1])  # the generator's KernelSource again: its text and jit options
+                key = ("generated", src.name)
+                what = {"kind": "generated", "name": src.name, "text": src.text, "threads": src.threads,
+                        "smem": src.smem, "jit": [list(kv) for kv in src.jit]}
+            else:
+                name = getattr(getattr(disp, "py_func", disp), "__name__", "?")
+                key = ("kernel", name)
+                what = {"kind": "kernel", "name": name}
+            sig = [_type_of(a) for a in args]
+            entry = seen.setdefault(key, dict(what, sigs=[]))
+            if sig not in entry["sigs"]:
+                entry["sigs"].append(sig)
+            disp[grid, block, 0, smem](*args)
+
+    launch._Launch.target = Recorder()
+    try:
+        cudasim_run.op_cases()
+    finally:
+        launch._Launch.target = None
+    bad = [f"{c['cuda_op']} {c['case']}" for c in cudasim_run.CASES if not c["bitwise"]]
+    print(MARK + json.dumps({"kernels": list(seen.values()), "not_bitwise": bad}))
+    return 0
+
+
+# ---- step 2: here, no simulator ------------------------------------------------------------------
+def _numba_type(t):
+    from numba import types
+
+    if t[0] == "array":
+        return types.Array(getattr(types, t[1]) if t[1] != "bool" else types.boolean, t[2], t[3])
+    return getattr(types, t[1])
+
+
+@contextlib.contextmanager
+def _no_device_cc():
+    """numba-cuda asks the current device for its compute capability when it compiles a device
+    function that is not inlined; answer 9.0 without a driver (restored afterwards)."""
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Device:
+        compute_capability = (9, 0)
+
+    before = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Device()
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = before
+
+
+def _ptxas(ptx, max_registers=None):
+    """(registers, spill bytes, error) of ``ptxas -arch=sm_90 -v`` on the PTX."""
+    d = tempfile.mkdtemp()
+    p = os.path.join(d, "k.ptx")
+    with open(p, "w") as f:
+        f.write(ptx)
+    cmd = [shutil.which("ptxas") or "ptxas", "-arch=sm_90", "-v", p, "-o", p + ".cubin"]
+    if max_registers:
+        cmd += ["-maxrregcount", str(max_registers)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        return None, None, r.stderr.strip().splitlines()[-1:]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    return max(regs or [0]), max(spills or [0]), None
+
+
+def compile_all(recorded, only=None, ptxas=False):
+    """Compile every recorded (kernel, signature) and the tensor-core kernels; returns rows."""
+    import numpy as np
+
+    np.row_stack = getattr(np, "row_stack", np.vstack)  # numba-cuda 0.30.4 with numpy 2.5
+    with _no_device_cc():
+        return _compile_all(recorded, only, ptxas)
+
+
+def _compile_all(recorded, only, ptxas):
+    from numba import cuda
+
+    from numba_kernels import cuda as kc
+    from numba_kernels import launch, mma_tc
+    from numba_kernels.tags import KernelSource
+
+    jobs = []
+    for k in recorded:
+        if only and k["name"] not in only:
+            continue
+        if k["kind"] == "kernel":
+            disp = kc._NS.get(k["name"])
+            fn, opts = (getattr(disp, "py_func", None), {})
+        else:
+            src = KernelSource(k["name"], k["text"], k["threads"], k["smem"], tuple(tuple(kv) for kv in k["jit"]))
+            fn, opts = launch.Kernel(src, launch._GEN_NS).disp.py_func, dict(src.jit)
+        for sig in k["sigs"]:
+            jobs.append((k["name"], fn, tuple(_numba_type(t) for t in sig), opts))
+    from numba import types
+
+    u2 = types.Array(types.uint32, 2, "C")
+    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k):
+        if not only or kern.__name__ in only:
+            jobs.append((kern.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
+    rows = []
+    for name, fn, sig, opts in jobs:
+        row = {"kernel": name, "signature": ", ".join(str(t) for t in sig)}
+        t0 = time.perf_counter()
+        try:
+            if fn is None:
+                raise LookupError(f"no CUDA kernel named {name} in numba_kernels.cuda")
+            lb = opts.get("launch_bounds")
+            ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **({"launch_bounds": lb} if lb else {}))
+            row["ok"] = True
+            if ptxas:
+                regs, spill, err = _ptxas(ptx, opts.get("max_registers"))
+                row.update(registers=regs, spill_bytes=spill)
+                if err:
+                    row.update(ok=False, error="ptxas: " + " ".join(err))
+        except Exception as e:  # noqa: BLE001  (any compiler error is a finding, reported in one line)
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        extra = f" {row['registers']} regs, {row['spill_bytes']} B spilled" if "registers" in row else ""
+        print(f"{'ok  ' if row['ok'] else 'FAIL'} {name}({row['signature']}){extra}"
+              + ("" if row["ok"] else f"\n     {row['error']}"), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ptxas", action="store_true", help="also assemble for sm_90: registers and spills")
+    ap.add_argument("--only", default="", help="kernel names to compile (comma-separated); default all")
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)  # step 1, in the simulator
+    a = ap.parse_args(argv)
+    if a.record:
+        return record()
+    if a.ptxas and not shutil.which("ptxas"):
+        print("check_compile: --ptxas needs ptxas on PATH", file=sys.stderr)
+        return 2
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--record"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith(MARK)), None)
+    if p.returncode or line is None:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+        print(f"check_compile: the simulator run failed: {tail[0]}", file=sys.stderr)
+        return 1
+    rec = json.loads(line[len(MARK):])
+    print(f"simulator: {len(rec['kernels'])} kernels launched by the op cases in {time.perf_counter() - t0:.0f} s"
+          + (f"; NOT bitwise: {rec['not_bitwise']}" if rec["not_bitwise"] else ""), flush=True)
+    only = {n for n in a.only.split(",") if n}
+    rows = compile_all(rec["kernels"], only, a.ptxas)
+    bad = [r for r in rows if not r["ok"]]
+    if a.json:
+        from harness.atomic import write_text_atomic
+
+        write_text_atomic(a.json, json.dumps({"rows": rows, "not_bitwise": rec["not_bitwise"]}, indent=1))
+    print(f"check_compile: {len(rows) - len(bad)}/{len(rows)} compiled for sm_90")
+    return 1 if bad or rec["not_bitwise"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
