@@ -393,11 +393,17 @@ def front_doors():
 
 
 if __name__ == "__main__":  # (tools/check_compile.py imports this module for its op cases)
+    # ``cudasim_run.py [ops|model|all]``: the op cases, the model steps or both (tests/test_cudasim.py
+    # runs the two parts as two processes at once: each is one core's work)
+    part = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if part not in ("ops", "model", "all"):
+        sys.exit(f"usage: cudasim_run.py [ops|model|all], not {part!r}")
     t0 = time.perf_counter()
-    prims = primitives()
-    op_cases()
+    prims = primitives() if part != "model" else {}
+    if part != "model":
+        op_cases()
     t1 = time.perf_counter()
-    model = model_steps() + bf16_model_steps()
+    model = model_steps() + bf16_model_steps() if part != "ops" else []
     t2 = time.perf_counter()
-    print("RESULT " + json.dumps(dict(primitives=prims, ops=CASES, model=model, front_doors=front_doors(),
+    print("RESULT " + json.dumps(dict(part=part, primitives=prims, ops=CASES, model=model, front_doors=front_doors(),
                                       versions=kc.VERSIONS, ops_s=round(t1 - t0, 1), model_s=round(t2 - t1, 1))))

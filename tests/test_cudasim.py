@@ -1,7 +1,7 @@
 """The CUDA kernels, under Numba's simulator, against the CPU twins: bit for bit, on a CPU.
 
-``tests/cudasim_run.py`` runs in a subprocess with ``NUMBA_ENABLE_CUDASIM=1`` (the simulator must
-be on before numba is imported). Its primitives round like the GPU's (a true fused multiply-add,
+``tests/cudasim_run.py`` runs in two subprocesses at once (its op cases and its model steps) with
+``NUMBA_ENABLE_CUDASIM=1`` (the simulator must be on before numba is imported). Its primitives round like the GPU's (a true fused multiply-add,
 float32 rounding everywhere else: ``numba_kernels.launch``), so a CUDA kernel whose order differs
 from its twin's -- partial sums added in another order, tiles merged in another order -- gives
 other bits and fails here. It runs:
@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -51,13 +52,30 @@ def _env(**more):
 
 @pytest.fixture(scope="module")
 def sim():
-    # about 6.5 min alone on a 2-core machine (the tiny model's steps run every norm block's threads
-    # in Python); the limit leaves room for a slower machine
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "cudasim_run.py")], cwd=ROOT, env=_env(),
-                       capture_output=True, text=True, timeout=1200)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
-    res = json.loads(lines[-1][len("RESULT "):])
+    # the op cases and the model steps as two processes at once (each is one core's work; about
+    # 6.5 min one after the other on a 2-core machine: the tiny model's steps run every norm
+    # block's threads in Python); the limit leaves room for a slower machine
+    script = os.path.join(ROOT, "tests", "cudasim_run.py")
+    files = {part: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for part in ("ops", "model")}
+    procs = {part: subprocess.Popen([sys.executable, script, part], cwd=ROOT, env=_env(), stdout=out, stderr=err,
+                                    text=True) for part, (out, err) in files.items()}  # files, not pipes: no stalls
+    got = {}
+    try:
+        for part, p in procs.items():
+            rc = p.wait(timeout=1200)
+            out, err = files[part]
+            out.seek(0)
+            err.seek(0)
+            lines = [ln for ln in out.read().splitlines() if ln.startswith("RESULT ")]
+            assert rc == 0 and lines, f"simulator run ({part}) failed (rc {rc}):\n{err.read()[-4000:]}"
+            got[part] = json.loads(lines[-1][len("RESULT "):])
+    finally:
+        for part, p in procs.items():
+            if p.poll() is None:
+                p.kill()
+            for f in files[part]:
+                f.close()
+    res = dict(got["ops"], model=got["model"]["model"], model_s=got["model"]["model_s"])
     print(f"\nCUDASIM ops {res['ops_s']}s model {res['model_s']}s")
     for c in res["ops"]:
         print(f"CUDASIM op {c['cuda_op']:22s} {c['case']:34s} {'bitwise' if c['bitwise'] else 'DIFFERS'} "

@@ -291,13 +291,15 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
 
     rng = np.random.default_rng(seed)
     t_all = time.perf_counter()
-    cases = op_cases(rng, full)
-    if ops:
-        known = {c[0] for c in cases}
+    if ops:  # the names first, from the quick cases (half a second; the full ones take a minute or
+        # more to build, and cover the same ops)
+        known = {c[0] for c in op_cases(np.random.default_rng(seed), False)}
         unknown = sorted(set(ops) - known)
         if unknown:
             raise InputError(f"device-check --ops: no cases for {', '.join(unknown)} "
                              f"(ops with cases: {', '.join(sorted(known))})")
+    cases = op_cases(rng, full)
+    if ops:
         cases = [c for c in cases if c[0] in ops]
     cpu_b = bk.get_backend("cpu")
     gpu_b = bk.get_backend("cuda")
