@@ -64,10 +64,11 @@ def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
 
 @cuda.jit(device=True, inline=True)
 def _bf16(u):
-    """bf16 bits (uint32) of float32 bits u, nearest even; NaN → quiet NaN with its sign."""
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
-    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    """bf16 bits (uint32) of float32 bits u, nearest even; NaN → quiet NaN with its sign. A select,
+    not a branch, so that a kernel's loads stay in one basic block and issue together."""
+    rne = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    qnan = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
+    return qnan if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rne
 
 
 @cuda.jit(device=True, inline=True)
@@ -95,19 +96,38 @@ def _b2(Wu, o, k, N, K):
     return lo | (hi << np.uint32(16))
 
 
-@cuda.jit
-def linear_mma_tc_k(Xu, Wu, outu, R):
-    N, K = Wu.shape
+@cuda.jit(device=True, inline=True)
+def _tile(N):
+    """This warp's 16×8 output tile and this lane's place in it: (r0, o0, g, q), the tile's first
+    row and column, lane = 4g + q. One warp per tile, row tiles outermost."""
     warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
     lane = cuda.threadIdx.x & 31
     ntn = (N + 7) >> 3
     tm = warp // ntn
-    if tm * 16 >= R:  # uniform over the warp
+    return tm * 16, (warp - tm * ntn) * 8, lane >> 2, lane & 3
+
+
+@cuda.jit(device=True, inline=True)
+def _store(outu, r, c, R, N, d0, d1, d2, d3):
+    """This lane's outputs: (r, c), (r, c+1), (r+8, c), (r+8, c+1), those inside R × N."""
+    if r < R:
+        if c < N:
+            outu[r, c] = d0
+        if c + 1 < N:
+            outu[r, c + 1] = d1
+    if r + 8 < R:
+        if c < N:
+            outu[r + 8, c] = d2
+        if c + 1 < N:
+            outu[r + 8, c + 1] = d3
+
+
+@cuda.jit
+def linear_mma_tc_k(Xu, Wu, outu, R):
+    N, K = Wu.shape
+    r0, o0, g, q = _tile(N)
+    if r0 >= R:  # uniform over the warp
         return
-    r0 = tm * 16
-    o0 = (warp - tm * ntn) * 8
-    g = lane >> 2
-    q = lane & 3
     d0 = np.uint32(0)
     d1 = np.uint32(0)
     d2 = np.uint32(0)
@@ -120,18 +140,7 @@ def linear_mma_tc_k(Xu, Wu, outu, R):
         b0 = _b2(Wu, o0 + g, k0 + 2 * q, N, K)
         b1 = _b2(Wu, o0 + g, k0 + 2 * q + 8, N, K)
         d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
-    c = o0 + 2 * q
-    r = r0 + g
-    if r < R:
-        if c < N:
-            outu[r, c] = d0
-        if c + 1 < N:
-            outu[r, c + 1] = d1
-    if r + 8 < R:
-        if c < N:
-            outu[r + 8, c] = d2
-        if c + 1 < N:
-            outu[r + 8, c + 1] = d3
+    _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
 
 
 # ---- the vectorised kernel: one 16-byte load per lane per K step ------------------------------
@@ -167,33 +176,31 @@ def ldg4u(typingctx, A, off, p):
 
 
 @cuda.jit(device=True, inline=True)
-def _a4(Xu, r, k, R, K):
-    """Row r's k … k+3 rounded to bf16 and packed as (k, k+1), (k+2, k+3); +0 outside."""
-    x0, x1, x2, x3 = ldg4u(Xu, r * K + k, r < R and k < K)
-    return _bf16(x0) | (_bf16(x1) << np.uint32(16)), _bf16(x2) | (_bf16(x3) << np.uint32(16))
+def _raw4(Xu, Wu, rg, o, k, R, N, K):
+    """One step's raw words for lane (g, q) at k = k0 + 4q, as loaded (16 bytes each): X rows rg
+    and rg + 8 (float32 bits) and W row o (float32 arrays of bf16 values); zeros outside. The
+    conversion to fragments (:func:`_frag4`) waits until the MMA, so that a group's loads are all
+    in flight before any of their results is needed."""
+    x0, x1, x2, x3 = ldg4u(Xu, rg * K + k, (rg < R) & (k < K))  # & not `and`: no branch
+    y0, y1, y2, y3 = ldg4u(Xu, (rg + 8) * K + k, (rg + 8 < R) & (k < K))
+    w0, w1, w2, w3 = ldg4u(Wu, o * K + k, (o < N) & (k < K))
+    return x0, x1, x2, x3, y0, y1, y2, y3, w0, w1, w2, w3
 
 
 @cuda.jit(device=True, inline=True)
-def _b4(Wu, o, k, N, K):
-    """W's bf16 (the high halves) at row o, k … k+3, packed as _a4; +0 outside."""
-    w0, w1, w2, w3 = ldg4u(Wu, o * K + k, o < N and k < K)
-    return ((w0 >> np.uint32(16)) | (w1 & np.uint32(0xFFFF0000)),
-            (w2 >> np.uint32(16)) | (w3 & np.uint32(0xFFFF0000)))
-
-
-@cuda.jit(device=True, inline=True)
-def _frag4(Xu, Wu, r0, o, k, R, N, K):
-    """One step's fragments (a0, a1, a2, a3, b0, b1) of lane (g, q) at k = k0 + 4q: rows r0 = tile
-    row + g and r0 + 8, column o."""
-    a0, a2 = _a4(Xu, r0, k, R, K)
-    a1, a3 = _a4(Xu, r0 + 8, k, R, K)
-    b0, b1 = _b4(Wu, o, k, N, K)
-    return a0, a1, a2, a3, b0, b1
+def _frag4(f):
+    """The fragments (a0, a1, a2, a3, b0, b1) of :func:`_raw4`'s words: X rounded to bf16 and W's
+    high halves, packed (k, k+1) and (k+2, k+3); a1, a3 are row g + 8."""
+    return (_bf16(f[0]) | (_bf16(f[1]) << np.uint32(16)), _bf16(f[4]) | (_bf16(f[5]) << np.uint32(16)),
+            _bf16(f[2]) | (_bf16(f[3]) << np.uint32(16)), _bf16(f[6]) | (_bf16(f[7]) << np.uint32(16)),
+            (f[8] >> np.uint32(16)) | (f[9] & np.uint32(0xFFFF0000)),
+            (f[10] >> np.uint32(16)) | (f[11] & np.uint32(0xFFFF0000)))
 
 
 @cuda.jit(device=True, inline=True)
 def _mma6(f, d0, d1, d2, d3):
-    return mma_bf16(f[0], f[1], f[2], f[3], f[4], f[5], d0, d1, d2, d3)
+    a0, a1, a2, a3, b0, b1 = _frag4(f)
+    return mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
 
 
 @cuda.jit
@@ -201,16 +208,9 @@ def linear_mma_tc4_k(Xu, Wu, outu, R):
     """As linear_mma_tc_k with 16-byte fragment loads (K % 4 == 0) and the loads of the next four
     K steps issued before the MMAs of the current four."""
     N, K = Wu.shape
-    warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-    lane = cuda.threadIdx.x & 31
-    ntn = (N + 7) >> 3
-    tm = warp // ntn
-    if tm * 16 >= R:  # uniform over the warp
+    r0, o0, g, q = _tile(N)
+    if r0 >= R:  # uniform over the warp
         return
-    r0 = tm * 16
-    o0 = (warp - tm * ntn) * 8
-    g = lane >> 2
-    q = lane & 3
     rg = r0 + g
     og = o0 + g
     kq = 4 * q
@@ -218,16 +218,16 @@ def linear_mma_tc4_k(Xu, Wu, outu, R):
     d1 = np.uint32(0)
     d2 = np.uint32(0)
     d3 = np.uint32(0)
-    f0 = _frag4(Xu, Wu, rg, og, kq, R, N, K)
-    f1 = _frag4(Xu, Wu, rg, og, kq + 16, R, N, K)
-    f2 = _frag4(Xu, Wu, rg, og, kq + 32, R, N, K)
-    f3 = _frag4(Xu, Wu, rg, og, kq + 48, R, N, K)
+    f0 = _raw4(Xu, Wu, rg, og, kq, R, N, K)
+    f1 = _raw4(Xu, Wu, rg, og, kq + 16, R, N, K)
+    f2 = _raw4(Xu, Wu, rg, og, kq + 32, R, N, K)
+    f3 = _raw4(Xu, Wu, rg, og, kq + 48, R, N, K)
     k0 = 0
     while k0 < K:  # steps k0, k0+16, k0+32, k0+48 (those < K, a uniform test) in order
-        n0 = _frag4(Xu, Wu, rg, og, k0 + 64 + kq, R, N, K)
-        n1 = _frag4(Xu, Wu, rg, og, k0 + 80 + kq, R, N, K)
-        n2 = _frag4(Xu, Wu, rg, og, k0 + 96 + kq, R, N, K)
-        n3 = _frag4(Xu, Wu, rg, og, k0 + 112 + kq, R, N, K)
+        n0 = _raw4(Xu, Wu, rg, og, k0 + 64 + kq, R, N, K)
+        n1 = _raw4(Xu, Wu, rg, og, k0 + 80 + kq, R, N, K)
+        n2 = _raw4(Xu, Wu, rg, og, k0 + 96 + kq, R, N, K)
+        n3 = _raw4(Xu, Wu, rg, og, k0 + 112 + kq, R, N, K)
         d0, d1, d2, d3 = _mma6(f0, d0, d1, d2, d3)
         if k0 + 16 < K:
             d0, d1, d2, d3 = _mma6(f1, d0, d1, d2, d3)
@@ -240,17 +240,7 @@ def linear_mma_tc4_k(Xu, Wu, outu, R):
         f2 = n2
         f3 = n3
         k0 += 64
-    c = o0 + 2 * q
-    if rg < R:
-        if c < N:
-            outu[rg, c] = d0
-        if c + 1 < N:
-            outu[rg, c + 1] = d1
-    if rg + 8 < R:
-        if c < N:
-            outu[rg + 8, c] = d2
-        if c + 1 < N:
-            outu[rg + 8, c + 1] = d3
+    _store(outu, rg, o0 + 2 * q, R, N, d0, d1, d2, d3)
 
 
 TC_WARPS = 4  # warps (output tiles) per block
