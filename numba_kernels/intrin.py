@@ -329,6 +329,22 @@ else:
 
         return sig, codegen
 
+    _LDG4U = _LDG4.replace("v4.f32", "v4.b32")
+
+    @intrinsic
+    def ldg4u(typingctx, A, off, p):
+        """ldg4p's load as 4 uint32 words (the bits, for a uint32 array: the tensor-core kernels)."""
+        sig = types.UniTuple(types.uint32, 4)(A, off, p)
+
+        def codegen(context, builder, sig, args):
+            ptr = _gptr(context, builder, sig, args)
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_i32] * 4), [ptr.type, _i32]), _LDG4U,
+                               "=r,=r,=r,=r,l,r")
+            r = builder.call(asm, [ptr, _pred(builder, sig.args[2], args[2])])
+            return _tuple(context, builder, types.uint32, [builder.extract_value(r, e) for e in range(4)])
+
+        return sig, codegen
+
     @intrinsic
     def ldg1p(typingctx, A, off, p):
         sig = types.float32(A, off, p)

@@ -35,6 +35,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
+from .intrin import ldg4u
 from .launch import aligned, launch
 
 # LLVM inline-asm operands: the outputs first ($0..$3 = d), then a ($4..$7), b ($8, $9), c ($10..$13);
@@ -150,31 +151,6 @@ def linear_mma_tc_k(Xu, Wu, outu, R):
 # use the same one. Here lane (g, q) holds the step's k = 4q … 4q+3: fragment k 2q, 2q+1 ← 4q,
 # 4q+1 and 2q+8, 2q+9 ← 4q+2, 4q+3, so each lane reads W[o, k0+4q : k0+4q+4] and
 # X[r, k0+4q : k0+4q+4] in one 16-byte load each (rows 16-byte aligned: K % 4 == 0).
-_LDG4U = ("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, $5, 0;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n"
-          "\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t@q ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];\n}")
-
-
-@intrinsic
-def ldg4u(typingctx, A, off, p):
-    """4 uint32 at flat element ``off`` of a C-contiguous uint32 array (one 16-byte load, off a
-    multiple of 4), or four zeros where ``p`` is 0 (the load is not issued)."""
-    sig = types.UniTuple(_U32, 4)(A, off, p)
-
-    def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        a = context.make_array(signature.args[0])(context, builder, value=args[0])
-        off64 = args[1] if args[1].type.width == 64 else builder.sext(args[1], i64)
-        ptr = builder.addrspacecast(builder.gep(a.data, [off64]), ir.PointerType(i32, 1))
-        pred = builder.zext(builder.icmp_unsigned("!=", args[2], ir.Constant(args[2].type, 0)), i32) \
-            if not isinstance(signature.args[2], types.Boolean) else builder.zext(args[2], i32)
-        asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type, i32]), _LDG4U,
-                           "=r,=r,=r,=r,l,r")
-        r = builder.call(asm, [ptr, pred])
-        return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, e) for e in range(4)])
-
-    return sig, codegen
-
-
 @cuda.jit(device=True, inline=True)
 def _raw4(Xu, Wu, rg, o, k, R, N, K):
     """One step's raw words for lane (g, q) at k = k0 + 4q, as loaded (16 bytes each): X rows rg
