@@ -142,3 +142,13 @@ def test_lease_pool_drops_free_buffers_to_make_room():
     assert big is not None and big.size == 4 * unit and pool.held == 4 * unit
     assert pool.take(1) is None  # everything is lent
     assert sizes == [3 * unit, 4 * unit]
+
+
+def test_lease_pool_picks_the_smallest_free_buffer_that_fits():
+    unit = bk.PINNED_MIN_BYTES
+    pool = bk.PinnedLeases(lambda n: np.zeros(n, np.uint8), cap=16 * unit)
+    small, big, mid = (pool.lend(pool.take(k * unit), np.uint8, (k * unit,)) for k in (1, 5, 3))
+    bufs = {k: _lent(a) for k, a in zip((1, 5, 3), (small, big, mid))}
+    del small, big, mid  # free buffers of 1, 5 and 3 units
+    assert pool.take(2 * unit) is bufs[3] and pool.take(2 * unit) is bufs[5] and pool.take(2 * unit) is not bufs[1]
+    assert pool.take(unit) is bufs[1] and pool.held == 9 * unit + 2 * unit

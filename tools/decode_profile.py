@@ -89,6 +89,11 @@ def main(argv=None) -> int:
                 sess.cache.pos = snap  # stay inside the capacity (timing only)
 
         r = {"whole_us": timed(whole)}
+        leases = getattr(B, "_leases", None)
+        if leases is not None:  # the same steps with downloads through the staging buffer and a copy
+            r["pinned_pool_bytes"], cap, leases.cap = leases.held, leases.cap, 0
+            r["whole_staged_us"] = timed(whole)
+            leases.cap = cap
         if args.cprofile:  # where the host's share of a step goes
             import cProfile
             import io
@@ -118,10 +123,15 @@ def main(argv=None) -> int:
         r["replay_device_us"] = cuda.event_elapsed_time(ev0, ev1) / args.reps * 1e3
         out = sess.cache.graphs[key][1][0]
         r["download_logits_us"] = timed(lambda: B.download(out[:R]))
+        view = out[:R]
+        r["download_view_us"] = timed(lambda: B.download(view))  # without numba's slicing
+        pinned = cuda.pinned_array(view.nbytes, np.uint8)  # the bare driver copy, for its bandwidth
+        r["d2h_pinned_us"] = timed(lambda: view.copy_to_host(pinned.view(view.dtype).reshape(view.shape)))
+        r["logits_bytes"] = int(view.nbytes)
         host = B.download(out[:R])
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
         res["steps"][str(R)] = r
-        print(R, json.dumps({k: v for k, v in r.items() if k.endswith("_us")}), flush=True)
+        print(R, json.dumps({k: v for k, v in r.items() if k.endswith(("_us", "_bytes"))}), flush=True)
     if not args.ncu_step:
         write_text_atomic(args.out, json.dumps(res, indent=1))
     return 0

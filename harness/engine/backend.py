@@ -183,11 +183,9 @@ class PinnedLeases:
         """A pinned uint8 buffer of at least ``nbytes`` (the smallest free one that fits, else a
         new one), or None past the cap."""
         with self._lock:
-            fits = [b for b in self._free if b.size >= nbytes]
-            if fits:
-                buf = min(fits, key=lambda b: b.size)
-                self._free.remove(buf)
-                return buf
+            fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
+            if fits:  # (by index: list.remove would compare arrays elementwise)
+                return self._free.pop(min(fits, key=lambda i: self._free[i].size))
             size = -(-nbytes // PINNED_MIN_BYTES) * PINNED_MIN_BYTES
             while self._free and self.held + size > self.cap:  # make room: drop free buffers
                 self.held -= self._free.pop(0).size
