@@ -89,11 +89,6 @@ def main(argv=None) -> int:
                 sess.cache.pos = snap  # stay inside the capacity (timing only)
 
         r = {"whole_us": timed(whole)}
-        leases = getattr(B, "_leases", None)
-        if leases is not None:  # the same steps with downloads through the staging buffer and a copy
-            r["pinned_pool_bytes"], cap, leases.cap = leases.held, leases.cap, 0
-            r["whole_staged_us"] = timed(whole)
-            leases.cap = cap
         if args.cprofile:  # where the host's share of a step goes
             import cProfile
             import io

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import threading
-import weakref
 
 import numpy as np
 
@@ -94,7 +93,6 @@ class CudaBackend:
         # simulator through numba's device arrays
         self._drv = None if kcuda.SIMULATED else _raw_driver()
         self._pin = threading.local()  # per host thread: a pinned staging buffer for downloads
-        self._leases = PinnedLeases(lambda n: cuda.pinned_array(n, np.uint8))
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()
@@ -120,20 +118,14 @@ class CudaBackend:
         return self.cuda.to_device(np.ascontiguousarray(a))
 
     def download(self, a):
-        """``a`` on the host (a new array, the caller's). A contiguous array of 64 KB or more lands
-        in pinned memory at pinned speed: a pinned buffer lent to the returned array (back to the
-        pool when the array and every view of it are gone), or, past the pool's cap, this
-        thread's staging buffer and a host copy. Others go through numba."""
+        """``a`` on the host (a new array). A contiguous array goes through this thread's pinned
+        staging buffer (one driver copy at pinned speed, then a host copy); others through numba."""
         if self._drv is None or not _contiguous(a) or a.nbytes < PINNED_MIN_BYTES:
             if self._drv is not None and _contiguous(a) and a.size:
                 out = np.empty(a.shape, a.dtype)
                 self._drv.device_to_host(out, a, a.nbytes)
                 return out
             return a.copy_to_host()
-        lent = self._leases.take(a.nbytes)
-        if lent is not None:
-            self._drv.device_to_host(lent, a, a.nbytes)
-            return self._leases.lend(lent, a.dtype, a.shape)
         pin = getattr(self._pin, "buf", None)
         if pin is None or pin.size < a.nbytes:
             pin = self._pin.buf = self.cuda.pinned_array(max(a.nbytes, 2 * (0 if pin is None else pin.size)), np.uint8)
@@ -162,65 +154,6 @@ class CudaBackend:
 
 
 PINNED_MIN_BYTES = 1 << 16  # downloads from this size on go through pinned memory
-PINNED_LEASE_CAP = 256 << 20  # pinned bytes the download pool may hold, lent and free together
-
-
-class PinnedLeases:
-    """Pinned host buffers lent to the arrays that downloads return, so a download needs no host
-    copy. A buffer goes back to the pool only when the array lent it and every view taken of it
-    are gone (the array's base is a holder object that all views keep alive, and the holder's
-    finalizer returns the buffer), so nothing a caller still holds is ever overwritten. The
-    pool's pinned bytes stay under ``cap``; past it :meth:`take` answers None (the caller
-    copies instead)."""
-
-    def __init__(self, alloc, cap=PINNED_LEASE_CAP):
-        self._alloc, self.cap = alloc, cap
-        self._free: list = []
-        self.held = 0  # pinned bytes allocated, lent or free
-        self._lock = threading.Lock()
-
-    def take(self, nbytes):
-        """A pinned uint8 buffer of at least ``nbytes`` (the smallest free one that fits, else a
-        new one), or None past the cap."""
-        with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
-            if fits:  # (by index: list.remove would compare arrays elementwise)
-                return self._free.pop(min(fits, key=lambda i: self._free[i].size))
-            size = -(-nbytes // PINNED_MIN_BYTES) * PINNED_MIN_BYTES
-            while self._free and self.held + size > self.cap:  # make room: drop free buffers
-                self.held -= self._free.pop(0).size
-            if self.held + size > self.cap:
-                return None
-            self.held += size
-        try:
-            return self._alloc(size)
-        except BaseException:
-            with self._lock:
-                self.held -= size
-            raise
-
-    def lend(self, buf, dtype, shape):
-        """``buf``'s first bytes as an array of ``dtype``/``shape``, lent until it dies."""
-        dtype = np.dtype(dtype)
-        holder = _Lease(buf, dtype, tuple(shape))
-        weakref.finalize(holder, self._give_back, buf)
-        return np.asarray(holder)
-
-    def _give_back(self, buf):
-        with self._lock:
-            self._free.append(buf)
-
-
-class _Lease:
-    """The base object of a lent array: it exposes the buffer's first bytes as the array."""
-
-    __slots__ = ("buf", "__array_interface__", "__weakref__")
-
-    def __init__(self, buf, dtype, shape):
-        self.buf = buf
-        self.__array_interface__ = {"data": (buf.__array_interface__["data"][0], False), "shape": shape,
-                                    "typestr": dtype.str, "descr": dtype.descr, "strides": None,
-                                    "version": 3}
 
 
 def _contiguous(a) -> bool:
