@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
-from .norms import NORM_THREADS, STAGE_PS, STAGE_WORDS, block_sumsq
+from .norms import NORM_THREADS, PS_WORDS, block_sumsq
 from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
                    launch, launcher, prange, sqrt32, twin)
 
@@ -93,10 +93,9 @@ def gdn_prep_k(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g,
     r = b // hk
     h = b - r * hk
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    buf = cuda.shared.array(STAGE_WORDS, np.float32)
-    ps = cuda.shared.array(STAGE_PS, np.float32)
-    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, buf, ps, tid, nt))
-    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, buf, ps, tid, nt))
+    ps = cuda.shared.array(PS_WORDS, np.float32)
+    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
+    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
     qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
     for v in range(h + tid * hk, nv, nt * hk):
         beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, v)

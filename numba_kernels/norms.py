@@ -6,25 +6,23 @@ rounded to float32 first, whatever the caller passes), the dot in the canonical 
 output is ``x·inv·(1 + w)`` (``norm_span``) or ``x·inv·w·silu(z)`` (``gated_norm_head``).
 
 CUDA: one block per row (``rmsnorm``) or per (row, head) (the head norms). The block computes
-the canonical dot with :func:`block_sumsq`: ``STAGE`` slices at a time are staged in shared
-memory by coalesced loads (padded to ``SLICE + 1`` words per slice, so the slice chains read
-distinct banks), one thread per slice runs the slice's fma chain, and thread 0 adds the partials
-in slice order -- the same operations in the same order as one thread doing it all. Then every
-thread writes its share of the outputs.
+the canonical dot with :func:`block_sumsq`: thread t runs slice t's fma chain straight from
+global memory (a full slice's 32 loads unrolled and issued together), the partials meet in
+shared memory, and thread 0 adds them in slice order -- the same operations in the same order as
+one thread doing it all. Then every thread writes its share of the outputs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
-from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
+from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, silu32
+from .tags import barrier, block_size, body, cuda, fma, fmul, kernel, launch, launcher, sqrt32, twin
 
-STAGE = 32  # slices staged in shared memory at a time by block_sumsq
-STAGE_WORDS = STAGE * (SLICE + 1)  # (shared array sizes must be named constants, not expressions)
-STAGE_PS = STAGE + 1
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
-RMS_THREADS = 512  # rmsnorm's block: a row, few loads per thread (block_size: 32 under the simulator)
+RMS_THREADS = 512  # rmsnorm's block: a row, few outputs per thread (block_size: 32 under the simulator)
+PS_WORDS = 513  # block_sumsq's shared partials: one per thread of the largest block, and the total
+assert PS_WORDS > max(NORM_THREADS, RMS_THREADS)
 
 
 @body
@@ -41,29 +39,42 @@ def rms_inv(X, r, off, n, eps):
 
 
 @body
-def block_sumsq(X, r, off, n, buf, ps, tid, nt):
+def sq_chain(X, r, k0, n):
+    """Σ X[r, k0 + e]² over e < n (n ≤ SLICE) as an fma chain from +0 in e order: one slice
+    partial of the canonical dot of the row with itself (a full slice's loop has a constant trip
+    count, so it unrolls and its loads issue before the chain)."""
+    part = ZERO
+    if n == SLICE:
+        for e in range(SLICE):
+            v = X[r, k0 + e]
+            part = fma(v, v, part)
+    else:
+        for e in range(n):
+            v = X[r, k0 + e]
+            part = fma(v, v, part)
+    return part
+
+
+@body
+def block_sumsq(X, r, off, n, ps, tid, nt):
     """Σ X[r, off + i]² over i < n in the canonical dot order, computed by the ``nt`` threads of
-    one block (this one is ``tid``) and returned to all of them. ``buf``: shared float32
-    [STAGE_WORDS]; ``ps``: shared float32 [STAGE + 1]. Every thread of the block must call it (it
-    holds barriers)."""
+    one block (this one is ``tid``) and returned to all of them: thread t runs slice t's chain
+    (``nt`` slices a pass), thread 0 adds the partials in slice order. ``ps``: shared float32
+    [PS_WORDS] (more than ``nt``). Every thread of the block must call it (it holds barriers)."""
     acc = ZERO
-    for c0 in range(0, n, STAGE * SLICE):
-        cnt = min(STAGE * SLICE, n - c0)
-        for i in range(tid, cnt, nt):
-            buf[i + i // SLICE] = X[r, off + c0 + i]
-        barrier()
-        m = (cnt + SLICE - 1) // SLICE
-        for s in range(tid, m, nt):
-            o = s * (SLICE + 1)
-            ps[s] = fma_chain(buf[o:], buf[o:], min(SLICE, cnt - s * SLICE), 0)
+    per = nt * SLICE
+    for c0 in range(0, n, per):
+        k = c0 + tid * SLICE
+        if k < n:
+            ps[tid] = sq_chain(X, r, off + k, min(SLICE, n - k))
         barrier()
         if tid == 0:
-            acc = add_partials(acc, ps, m)
+            acc = add_partials(acc, ps, (min(per, n - c0) + SLICE - 1) // SLICE)
         barrier()
     if tid == 0:
-        ps[STAGE] = acc
+        ps[nt] = acc
     barrier()
-    return ps[STAGE]
+    return ps[nt]
 
 
 @body
@@ -107,10 +118,9 @@ def rmsnorm_cpu(X, w, eps, out, oo, R):
 def rmsnorm_k(X, w, eps, out, oo, R):
     """One block per row (:func:`block_sumsq`)."""
     r = cuda.blockIdx.x
-    buf = cuda.shared.array(STAGE_WORDS, np.float32)
-    ps = cuda.shared.array(STAGE_PS, np.float32)
+    ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
-    inv = rms_scale(block_sumsq(X, r, 0, N, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
+    inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
     norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
@@ -134,10 +144,9 @@ def head_rmsnorm_k(X, xo, heads, D, w, eps, out, R):
     b = cuda.blockIdx.x
     r = b // heads
     h = b - r * heads
-    buf = cuda.shared.array(STAGE_WORDS, np.float32)
-    ps = cuda.shared.array(STAGE_PS, np.float32)
+    ps = cuda.shared.array(PS_WORDS, np.float32)
     off = xo + h * D
-    inv = rms_scale(block_sumsq(X, r, off, D, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
+    inv = rms_scale(block_sumsq(X, r, off, D, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
     norm_span(X, r, off, D, w, inv, out, h * D, cuda.threadIdx.x, cuda.blockDim.x)
 
 
@@ -162,9 +171,8 @@ def gated_rmsnorm_k(X, Z, zo, heads, D, w, eps, out, R):
     b = cuda.blockIdx.x
     r = b // heads
     h = b - r * heads
-    buf = cuda.shared.array(STAGE_WORDS, np.float32)
-    ps = cuda.shared.array(STAGE_PS, np.float32)
-    inv = rms_scale(block_sumsq(X, r, h * D, D, buf, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
+    ps = cuda.shared.array(PS_WORDS, np.float32)
+    inv = rms_scale(block_sumsq(X, r, h * D, D, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
     gated_span(X, Z, zo, D, w, inv, out, r, h, cuda.threadIdx.x, cuda.blockDim.x)
 
 

@@ -133,8 +133,8 @@ def op_cases():
          cuda_op="gemm", rows=70)
     case("linear", "naive-R3-K33-N130", (r(4, 33), r(130, 33), np.full((4, 130), 7.0, F32), 3), [2],
          cuda_op="linear_naive", rows=3)
-    # norms: column offsets, two-slice heads, rows and heads of more than one staged chunk
-    # (STAGE slices), a partial last slice
+    # norms: column offsets, two-slice heads, rows and heads of more than one pass (a slice per
+    # thread of the block and pass), a partial last slice
     case("rmsnorm", "R3-N70-oo70", (r(3, 70), r(70, scale=0.1), F32(1e-6), np.zeros((3, 140), F32), 70, 3), [3])
     case("rmsnorm", "R1-N32800", (r(1, 32800), r(32800, scale=0.1), 1e-6, np.zeros((1, 32800), F32), 0, 1), [3])
     case("head_rmsnorm", "R2-H1-D1100", (r(2, 1100), 0, 1, 1100, r(1100, scale=0.1), F32(1e-6), np.zeros((2, 1100), F32),
