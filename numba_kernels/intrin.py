@@ -316,34 +316,30 @@ else:
     def _widen_hi(builder, u):  # bf16 in the high half of u -> float32 bits (u & 0xffff0000)
         return builder.bitcast(builder.and_(u, ir.Constant(_i32, 0xFFFF0000)), _f32)
 
-    @intrinsic
-    def ldg4p(typingctx, A, off, p):
-        sig = types.UniTuple(types.float32, 4)(A, off, p)
+    def _ldg4_codegen(ty, asm_text, reg):
+        """The codegen of a predicated 16-byte load returning 4 ``ty`` (``reg``: their LLVM type
+        and asm constraint, ``(_f32, "f")`` or ``(_i32, "r")``)."""
+        lt, c = reg
 
         def codegen(context, builder, sig, args):
             ptr = _gptr(context, builder, sig, args)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_f32] * 4), [ptr.type, _i32]), _LDG4,
-                               "=f,=f,=f,=f,l,r")
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([lt] * 4), [ptr.type, _i32]), asm_text,
+                               ",".join([f"={c}"] * 4) + ",l,r")
             r = builder.call(asm, [ptr, _pred(builder, sig.args[2], args[2])])
-            return _tuple(context, builder, types.float32, [builder.extract_value(r, e) for e in range(4)])
+            return _tuple(context, builder, ty, [builder.extract_value(r, e) for e in range(4)])
 
-        return sig, codegen
+        return codegen
+
+    @intrinsic
+    def ldg4p(typingctx, A, off, p):
+        return types.UniTuple(types.float32, 4)(A, off, p), _ldg4_codegen(types.float32, _LDG4, (_f32, "f"))
 
     _LDG4U = _LDG4.replace("v4.f32", "v4.b32")
 
     @intrinsic
     def ldg4u(typingctx, A, off, p):
         """ldg4p's load as 4 uint32 words (the bits, for a uint32 array: the tensor-core kernels)."""
-        sig = types.UniTuple(types.uint32, 4)(A, off, p)
-
-        def codegen(context, builder, sig, args):
-            ptr = _gptr(context, builder, sig, args)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_i32] * 4), [ptr.type, _i32]), _LDG4U,
-                               "=r,=r,=r,=r,l,r")
-            r = builder.call(asm, [ptr, _pred(builder, sig.args[2], args[2])])
-            return _tuple(context, builder, types.uint32, [builder.extract_value(r, e) for e in range(4)])
-
-        return sig, codegen
+        return types.UniTuple(types.uint32, 4)(A, off, p), _ldg4_codegen(types.uint32, _LDG4U, (_i32, "r"))
 
     @intrinsic
     def ldg1p(typingctx, A, off, p):

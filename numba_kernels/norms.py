@@ -1,5 +1,6 @@
-"""Zero-centred RMS norms: ``rmsnorm`` (rows), ``head_rmsnorm`` (per head, q/k norms) and
-``gated_rmsnorm`` (the DeltaNet's output norm, ``norm(x)·w·silu(z)``).
+"""Zero-centred RMS norms: ``rmsnorm`` (rows), ``add_rmsnorm`` (the residual add in place, then
+rmsnorm: one launch for two), ``head_rmsnorm`` (per head, q/k norms) and ``gated_rmsnorm`` (the
+DeltaNet's output norm, ``norm(x)·w·silu(z)``).
 
 Per row (or head) of n values: ``inv = 1 / sqrt(dot(x, x) / n + eps)`` in float32 (``eps``
 rounded to float32 first, whatever the caller passes), the dot in the canonical order; then each
@@ -128,6 +129,42 @@ def rmsnorm_k(X, w, eps, out, oo, R):
 def rmsnorm_cuda(X, w, eps, out, oo, R):
     """One block per row."""
     launch(rmsnorm_k, R, block_size(RMS_THREADS), X, w, F32(eps), out, oo, R)
+
+
+@body
+def add_span(X, D, r, i0, n, step):
+    """X[r, i] = X[r, i] + D[r, i] for i in range(i0, n, step) (the residual add, in place)."""
+    for i in range(i0, n, step):
+        X[r, i] = X[r, i] + D[r, i]
+
+
+@twin("add_rmsnorm")
+def add_rmsnorm_cpu(X, D, w, eps, out, oo, R):
+    """The residual add and the RMSNorm after it, in one op: X[r] += D[r] (in place), then
+    out[r, oo + i] = rmsnorm(X[r]) -- the same operations as ``add`` then ``rmsnorm``."""
+    N = X.shape[1]
+    for r in range(R):
+        add_span(X, D, r, 0, N, 1)
+        norm_span(X, r, 0, N, w, rms_inv(X, r, 0, N, eps), out, oo, 0, 1)
+
+
+@kernel
+def add_rmsnorm_k(X, D, w, eps, out, oo, R):
+    """One block per row: the add (each thread its share, then a barrier: the block's global
+    writes are visible to all its threads after it), then :func:`block_sumsq` as in rmsnorm."""
+    r = cuda.blockIdx.x
+    ps = cuda.shared.array(PS_WORDS, np.float32)
+    N = X.shape[1]
+    add_span(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x)
+    barrier()
+    inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
+    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+
+
+@launcher("add_rmsnorm")
+def add_rmsnorm_cuda(X, D, w, eps, out, oo, R):
+    """One block per row."""
+    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R)
 
 
 @twin("head_rmsnorm")

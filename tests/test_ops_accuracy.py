@@ -477,6 +477,28 @@ def test_embed():
 
 
 @pytest.mark.parametrize("R,N", [(5, 64), (3, 2048), (9, 36)])
+def test_add_rmsnorm_is_add_then_rmsnorm(R, N):
+    """The fused op: X += D in place, then the norm into out -- bit for bit the two ops it
+    replaces (NaN and inf included), and within the stated tolerance of the float64 reference."""
+    rng = np.random.default_rng(N + 2 * R)
+    X, D, w = rnd(rng, R + 1, N, scale=3.0), rnd(rng, R + 1, N), rnd(rng, N, scale=0.1)
+    X[0, 1], D[R - 1, N - 1], D[0, 2] = np.nan, np.inf, -np.inf
+    X0 = X.copy()
+    fused, out = X.copy(), np.zeros((R + 1, 2 * N), F32)
+    cpu.add_rmsnorm(fused, D, w, 1e-6, out, N, R)
+    two, out2 = X.copy(), np.zeros((R + 1, 2 * N), F32)
+    cpu.add(two, D, two, R)
+    cpu.rmsnorm(two, w, 1e-6, out2, N, R)
+    np.testing.assert_array_equal(fused.view(np.uint32), two.view(np.uint32))
+    np.testing.assert_array_equal(out.view(np.uint32), out2.view(np.uint32))
+    assert (fused[R] == X0[R]).all() and (out[:, :N] == 0).all() and (out[R] == 0).all()  # rows past R untouched
+    fin = slice(1, R - 1) if R > 2 else slice(0, 0)  # rows without the planted NaN/inf
+    want = ref.rms_norm((X0[fin].astype(F64) + D[fin].astype(F64)), w.astype(F64), 1e-6)
+    if want.size:
+        check_op("add_rmsnorm", f"R{R}-N{N}", [("out", out[fin, N:], want)])
+
+
+@pytest.mark.parametrize("R,N", [(5, 64), (3, 2048), (9, 36)])
 def test_rmsnorm(R, N):
     rng = np.random.default_rng(N + R)
     X, w = rnd(rng, R, N, scale=3.0), rnd(rng, N, scale=0.1)

@@ -269,9 +269,8 @@ class Engine:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
             mix = self._attn(L, h, R, kc, vc, start, pos)
-        ops.add(x, mix, x, R)
+        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R)  # x += mix; h = norm(x)
         self._tap("residual", x)
-        ops.rmsnorm(x, L["post_norm"], cfg.rms_norm_eps, h, 0, R)
         self._tap("post_norm", h)
         mix = self._mlp(L, h, R)
         ops.add(x, mix, x, R)
