@@ -260,11 +260,11 @@ class Engine:
         self._tap("moe_combine", mix)
         return mix
 
-    def _block(self, L, li, x, R, start, kc, vc, cache, capture, caps, flags, slot, pos=None):
+    def _block(self, L, li, x, h, R, start, kc, vc, cache, capture, caps, pos=None):
+        """Layer ``L`` on the residual stream ``x`` whose input norm the caller has written to
+        ``h`` (:meth:`_norm_in`); returns the MLP's output, which the caller adds to ``x`` in the
+        same launch as the next norm (:meth:`_add_norm`)."""
         ops, cfg = self.ops, self.cfg
-        h = self.ws("h", R, cfg.hidden_size)
-        ops.rmsnorm(x, L["in_norm"], cfg.rms_norm_eps, h, 0, R)
-        self._tap("in_norm", h)
         if L["kind"] == LINEAR:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
@@ -272,11 +272,24 @@ class Engine:
         ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R)  # x += mix; h = norm(x)
         self._tap("residual", x)
         self._tap("post_norm", h)
-        mix = self._mlp(L, h, R)
-        ops.add(x, mix, x, R)
+        return self._mlp(L, h, R)
+
+    def _norm_in(self, x, L, R):
+        """The first layer's input norm of ``x`` (later layers get theirs from :meth:`_add_norm`)."""
+        h = self.ws("h", R, self.cfg.hidden_size)
+        self.ops.rmsnorm(x, L["in_norm"], self.cfg.rms_norm_eps, h, 0, R)
+        self._tap("in_norm", h)
+        return h
+
+    def _add_norm(self, x, mix, w, out, R, flags, slot, name):
+        """A layer's last residual add and the norm after it (the next layer's input norm, or the
+        final one, tapped as ``name``) in one launch: ``x += mix``, ``out = norm(x)·(1 + w)``;
+        the layer's NaN/Inf flag on ``x`` in between."""
+        self.ops.add_rmsnorm(x, mix, w, self.cfg.rms_norm_eps, out, 0, R)
         self._tap("residual2", x)
         if flags is not None:
-            ops.nonfinite_flag(x, R, flags, slot)
+            self.ops.nonfinite_flag(x, R, flags, slot)
+        self._tap(name, out)
 
     def _flags(self):
         """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero."""
@@ -378,11 +391,14 @@ class Engine:
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
         self._tap("embed", x)
-        for li, L in enumerate(self.layers):
-            self._block(L, li, x, R, start, c.k.get(li), c.v.get(li), c, capture, caps, flags, li, pos)
+        h = self._norm_in(x, self.layers[0], R)
         hf = self.ws("hf", R, cfg.hidden_size)
-        ops.rmsnorm(x, self.final_norm, cfg.rms_norm_eps, hf, 0, R)
-        self._tap("norm", hf)
+        for li, L in enumerate(self.layers):
+            mix = self._block(L, li, x, h, R, start, c.k.get(li), c.v.get(li), c, capture, caps, pos)
+            if li + 1 < len(self.layers):
+                self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm")
+            else:
+                self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
         logits = self.ws("logits", n, cfg.vocab_size)
         ops.linear(hf[R - n:], self.lm_head, logits, n)
         self._tap("logits", logits, lo=R - n)  # the last n rows
@@ -478,10 +494,10 @@ class Engine:
             x = self.ws("x", R, H)
             ops.linear(cat, M["fc"], x, R)
             self._tap("fc", x)
-            self._block(M["layer"], -1, x, R, at, c.mtp_k, c.mtp_v, c, False, None, flags, 0, pos)
+            h = self._norm_in(x, M["layer"], R)
+            mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
-            ops.rmsnorm(x, M["norm"], cfg.rms_norm_eps, hf, 0, R)
-            self._tap("norm", hf)
+            self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm")
             logits = self.ws("logits", n, cfg.vocab_size)
             ops.linear(hf[R - n:], self.lm_head, logits, n)
             self._tap("logits", logits, lo=R - n)
