@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, silu32
-from .tags import barrier, block_size, body, cuda, fma, fmul, kernel, launch, launcher, sqrt32, twin
+from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
+from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
 RMS_THREADS = 512  # rmsnorm's block: a row, few outputs per thread (block_size: 32 under the simulator)
@@ -41,19 +41,13 @@ def rms_inv(X, r, off, n, eps):
 
 @body
 def sq_chain(X, r, k0, n):
-    """Σ X[r, k0 + e]² over e < n (n ≤ SLICE) as an fma chain from +0 in e order: one slice
-    partial of the canonical dot of the row with itself (a full slice's loop has a constant trip
-    count, so it unrolls and its loads issue before the chain)."""
-    part = ZERO
+    """Σ X[r, k0 + e]² over e < n (n ≤ SLICE): :func:`fma_chain` of the row with itself, one
+    slice partial of the canonical dot; a full slice called with the constant SLICE, so its loop
+    unrolls and its loads issue before the chain."""
+    row = X[r, k0:]
     if n == SLICE:
-        for e in range(SLICE):
-            v = X[r, k0 + e]
-            part = fma(v, v, part)
-    else:
-        for e in range(n):
-            v = X[r, k0 + e]
-            part = fma(v, v, part)
-    return part
+        return fma_chain(row, row, SLICE, 0)
+    return fma_chain(row, row, n, 0)
 
 
 @body
