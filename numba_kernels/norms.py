@@ -1,5 +1,5 @@
-"""Zero-centred RMS norms: ``rmsnorm`` (rows), ``add_rmsnorm`` (the residual add in place, then
-rmsnorm: one launch for two), ``head_rmsnorm`` (per head, q/k norms) and ``gated_rmsnorm`` (the
+"""Zero-centred RMS norms: ``rmsnorm`` (rows), ``add_rmsnorm`` (the residual add in place, its
+NaN/Inf flag, then rmsnorm: one launch for three), ``head_rmsnorm`` (per head, q/k norms) and ``gated_rmsnorm`` (the
 DeltaNet's output norm, ``norm(x)·w·silu(z)``).
 
 Per row (or head) of n values: ``inv = 1 / sqrt(dot(x, x) / n + eps)`` in float32 (``eps``
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .elementwise import nonfinite
 from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
 from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
@@ -127,38 +128,49 @@ def rmsnorm_cuda(X, w, eps, out, oo, R):
 
 @body
 def add_span(X, D, r, i0, n, step):
-    """X[r, i] = X[r, i] + D[r, i] for i in range(i0, n, step) (the residual add, in place)."""
+    """X[r, i] = X[r, i] + D[r, i] for i in range(i0, n, step) (the residual add, in place);
+    returns whether any of those sums is NaN or ±inf."""
+    bad = False
     for i in range(i0, n, step):
-        X[r, i] = X[r, i] + D[r, i]
+        v = X[r, i] + D[r, i]
+        X[r, i] = v
+        if nonfinite(v):
+            bad = True
+    return bad
 
 
 @twin("add_rmsnorm")
-def add_rmsnorm_cpu(X, D, w, eps, out, oo, R):
+def add_rmsnorm_cpu(X, D, w, eps, out, oo, R, flags, slot):
     """The residual add and the RMSNorm after it, in one op: X[r] += D[r] (in place), then
-    out[r, oo + i] = rmsnorm(X[r]) -- the same operations as ``add`` then ``rmsnorm``."""
+    out[r, oo + i] = rmsnorm(X[r]) -- the same operations as ``add`` then ``rmsnorm``. With
+    ``slot >= 0``, also ``nonfinite_flag(X, R, flags, slot)`` on the sums (``flags[slot] = 1``
+    when one is NaN or ±inf); ``slot < 0`` leaves ``flags`` alone."""
     N = X.shape[1]
     for r in range(R):
-        add_span(X, D, r, 0, N, 1)
+        if add_span(X, D, r, 0, N, 1) and slot >= 0:
+            flags[slot] = 1
         norm_span(X, r, 0, N, w, rms_inv(X, r, 0, N, eps), out, oo, 0, 1)
 
 
 @kernel
-def add_rmsnorm_k(X, D, w, eps, out, oo, R):
-    """One block per row: the add (each thread its share, then a barrier: the block's global
-    writes are visible to all its threads after it), then :func:`block_sumsq` as in rmsnorm."""
+def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot):
+    """One block per row: the add (each thread its share, raising the flag on a non-finite sum,
+    then a barrier: the block's global writes are visible to all its threads after it), then
+    :func:`block_sumsq` as in rmsnorm."""
     r = cuda.blockIdx.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
-    add_span(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x)
+    if add_span(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x) and slot >= 0:
+        flags[slot] = 1
     barrier()
     inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
     norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("add_rmsnorm")
-def add_rmsnorm_cuda(X, D, w, eps, out, oo, R):
+def add_rmsnorm_cuda(X, D, w, eps, out, oo, R, flags, slot):
     """One block per row."""
-    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R)
+    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R, flags, slot)
 
 
 @twin("head_rmsnorm")

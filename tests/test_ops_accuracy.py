@@ -478,19 +478,26 @@ def test_embed():
 
 @pytest.mark.parametrize("R,N", [(5, 64), (3, 2048), (9, 36)])
 def test_add_rmsnorm_is_add_then_rmsnorm(R, N):
-    """The fused op: X += D in place, then the norm into out -- bit for bit the two ops it
-    replaces (NaN and inf included), and within the stated tolerance of the float64 reference."""
+    """The fused op: X += D in place, its NaN/Inf flag, then the norm into out -- bit for bit the
+    three ops it replaces (NaN and inf included), and within the stated tolerance of the float64
+    reference."""
     rng = np.random.default_rng(N + 2 * R)
     X, D, w = rnd(rng, R + 1, N, scale=3.0), rnd(rng, R + 1, N), rnd(rng, N, scale=0.1)
     X[0, 1], D[R - 1, N - 1], D[0, 2] = np.nan, np.inf, -np.inf
     X0 = X.copy()
-    fused, out = X.copy(), np.zeros((R + 1, 2 * N), F32)
-    cpu.add_rmsnorm(fused, D, w, 1e-6, out, N, R)
-    two, out2 = X.copy(), np.zeros((R + 1, 2 * N), F32)
+    fused, out, flags = X.copy(), np.zeros((R + 1, 2 * N), F32), np.zeros(3, np.int32)
+    cpu.add_rmsnorm(fused, D, w, 1e-6, out, N, R, flags, 1)
+    two, out2, flags2 = X.copy(), np.zeros((R + 1, 2 * N), F32), np.zeros(3, np.int32)
     cpu.add(two, D, two, R)
+    cpu.nonfinite_flag(two, R, flags2, 1)
     cpu.rmsnorm(two, w, 1e-6, out2, N, R)
     np.testing.assert_array_equal(fused.view(np.uint32), two.view(np.uint32))
     np.testing.assert_array_equal(out.view(np.uint32), out2.view(np.uint32))
+    assert flags.tolist() == flags2.tolist() == [0, 1, 0]
+    for slot, X1, D1 in ((0, rnd(rng, R, N), rnd(rng, R, N)), (-1, X0[:R].copy(), D[:R])):
+        f = np.zeros(1, np.int32)  # finite sums: no flag; slot -1: flags untouched whatever the sums
+        cpu.add_rmsnorm(X1, D1, w, 1e-6, np.zeros((R, N), F32), 0, R, f, slot)
+        assert f[0] == 0
     assert (fused[R] == X0[R]).all() and (out[:, :N] == 0).all() and (out[R] == 0).all()  # rows past R untouched
     fin = slice(1, R - 1) if R > 2 else slice(0, 0)  # rows without the planted NaN/inf
     want = ref.rms_norm((X0[fin].astype(F64) + D[fin].astype(F64)), w.astype(F64), 1e-6)

@@ -2,7 +2,7 @@
 """Where a captured decode step's time goes on CUDA (bench-8l dimensions, random weights).
 
     PYTHONPATH=. python tools/decode_profile.py --out decode-profile.json [--ctx 512] [--rows 1,5]
-        [--mode exact|exact-bf16] [--weights f32|bf16]
+        [--mode exact|exact-bf16] [--weights f32|bf16] [--api-times] [--cprofile]
 
 For each step size (rows: 1 = a decode step, R > 1 = an R-row verify step) after a ``--ctx``-token
 prime: the whole step as the engine runs it (graph replay, logits download, finite check, hidden
@@ -17,6 +17,8 @@ timing loops.)
 """
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import sys
@@ -29,6 +31,43 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
+@contextlib.contextmanager
+def _api_timer():
+    """{driver function name: [calls, seconds]} of the numba driver calls made inside."""
+    from numba.cuda.cudadrv.driver import driver
+
+    calls = collections.defaultdict(lambda: [0, 0.0])
+
+    def timed(name, fn):
+        def call(*a):
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                c = calls[name]
+                c[0] += 1
+                c[1] += time.perf_counter() - t
+        return call
+
+    wrapped = {n: f for n, f in vars(driver).items() if n.startswith("cu") and callable(f)}
+    for n, f in wrapped.items():
+        setattr(driver, n, timed(n, f))
+    first = driver._cuda_python_wrap_fn  # a driver function first used inside: timed too
+
+    def wrap(fname):
+        f = first(fname)
+        wrapped.setdefault(fname, f)
+        setattr(driver, fname, timed(fname, f))
+        return getattr(driver, fname)
+    driver._cuda_python_wrap_fn = wrap
+    try:
+        yield calls
+    finally:
+        del driver._cuda_python_wrap_fn
+        for n, f in wrapped.items():
+            setattr(driver, n, f)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -39,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="exact", help="arithmetic mode: exact | exact-bf16")
     ap.add_argument("--weights", default=None, help="resident weights: f32 | bf16 (default: the mode's)")
     ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
+    ap.add_argument("--api-times", action="store_true",
+                    help="also time every driver call numba makes during the whole steps (calls and us per step)")
     args = ap.parse_args(argv)
     from numba import cuda
 
@@ -104,6 +145,14 @@ def main(argv=None) -> int:
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
             r["cprofile_tottime"] = buf.getvalue().splitlines()
 
+        if args.api_times:  # each driver call numba makes, timed (a synchronous copy includes the wait)
+            with _api_timer() as calls:
+                for _ in range(args.reps):
+                    whole()
+                B.synchronize()
+            r["api_per_step"] = {k: {"calls": n / args.reps, "us": t / args.reps * 1e6}
+                                 for k, (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])}
+
         def replay():
             graph.replay()
             B.synchronize()
@@ -126,7 +175,8 @@ def main(argv=None) -> int:
         host = B.download(view)
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
         res["steps"][str(R)] = r
-        print(R, json.dumps({k: v for k, v in r.items() if k.endswith(("_us", "_bytes"))}), flush=True)
+        print(R, json.dumps({k: v for k, v in r.items() if k.endswith(("_us", "_bytes")) or k == "api_per_step"}),
+              flush=True)
     if not args.ncu_step:
         write_text_atomic(args.out, json.dumps(res, indent=1))
     return 0

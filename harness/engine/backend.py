@@ -53,6 +53,9 @@ class CpuBackend:
     def upload(self, a):
         return np.ascontiguousarray(a)
 
+    def mapped_zeros(self, shape, dtype=np.int32):
+        return np.zeros(shape, dtype)
+
     def download(self, a):
         return np.array(a, copy=True)
 
@@ -116,6 +119,13 @@ class CudaBackend:
 
     def upload(self, a):
         return self.cuda.to_device(np.ascontiguousarray(a))
+
+    def mapped_zeros(self, shape, dtype=np.int32):
+        """Zeros in host memory the kernels address directly (pinned and mapped): the host reads
+        it after a synchronising call and writes it between steps, with no driver copy."""
+        a = self.cuda.mapped_array(shape, dtype)
+        a[...] = 0
+        return a
 
     def download(self, a):
         """``a`` on the host (a new array). A contiguous array goes through this thread's pinned

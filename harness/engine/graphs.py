@@ -3,9 +3,9 @@
 A step is a body of kernel launches only (no copies, no synchronisation) over named inputs.
 Steps of at most :data:`GRAPH_MAX_ROWS` rows (decode, verify, MTP drafts) are captured once per
 cache and replayed (CUDA graphs): one graph launch instead of ~15 launches per layer from
-Python. The position then lives on the device (:attr:`StepRunner.pos`, int32 [1]), so one
-capture serves every position. Larger steps, and every step on a backend that cannot capture
-(cpu), run eagerly with the position as a scalar. A replay launches the same kernels on the same
+Python. The position then lives on the device (int32, uploaded with the step's token ids in
+one copy), so one capture serves every position. Larger steps, and every step on a backend that
+cannot capture (cpu), run eagerly with the position as a scalar. A replay launches the same kernels on the same
 inputs as the eager run: the same bits.
 
 ``PRIMEWALK_GRAPHS=0`` or ``Engine(..., graphs=False)`` turns capture off.
@@ -46,30 +46,36 @@ class StepRunner:
 
         ``inputs``: {name: host or backend array}. ``key`` None: the body runs eagerly with the
         inputs on the backend and ``start`` as a scalar. Otherwise the first call of ``key`` on
-        ``cache`` runs eagerly with the position on the device (compiling and allocating what
-        it needs); the second captures the body with its own copies of the inputs; every later
-        call copies the new inputs into those copies, the position into :attr:`pos`, and
-        replays. ``keep()``: the buffers a capture reads or writes besides its inputs, kept
-        alive as long as the graph."""
-        at, pos = start, None
-        if key is not None:
-            B = self.B
-            B.copy_into(self.pos, np.array([start], np.int32))
-            g = cache.graphs.get(key)
-            if g is None and key in cache.graph_seen:
-                own = {n: B.empty(v.shape, v.dtype) for n, v in inputs.items()}
-                graph, out = self.ops.capture(lambda: body(own, 0, self.pos),
-                                              [self.pos, *keep(), *own.values()])
-                g = cache.graphs[key] = (graph, out, own)
-            if g is not None:
-                graph, out, own = g
-                for n, v in inputs.items():
-                    B.copy_into(own[n], v)
-                graph.replay()
-                return out
+        ``cache`` runs eagerly with the position on the device (:attr:`pos`; compiling and
+        allocating what it needs); the second captures the body with its own copies of the
+        inputs; every later call copies the new inputs into those copies and replays. A
+        capture's position and token ids (input ``ids``) share one int32 buffer, ``[pos, ids...]``,
+        so a replay uploads both in one copy. ``keep()``: the buffers a capture reads or writes
+        besides its inputs, kept alive as long as the graph."""
+        if key is None:
+            return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
+        B = self.B
+        g = cache.graphs.get(key)
+        if g is None and key in cache.graph_seen:
+            io = B.empty((1 + (len(inputs["ids"]) if "ids" in inputs else 0),), np.int32)
+            own = {n: io[1:] if n == "ids" else B.empty(v.shape, v.dtype) for n, v in inputs.items()}
+            graph, out = self.ops.capture(lambda: body(own, 0, io[0:1]), [io, *keep(), *own.values()])
+            g = cache.graphs[key] = (graph, out, own, io)
+        if g is None:
             cache.graph_seen.add(key)
-            at, pos = 0, self.pos
-        return body({n: self._upload(n, v) for n, v in inputs.items()}, at, pos)
+            B.copy_into(self.pos, np.array([start], np.int32))
+            return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
+        graph, out, own, io = g
+        head = np.empty(io.shape, np.int32)
+        head[0] = start
+        for n, v in inputs.items():
+            if n == "ids":
+                head[1:] = v
+            else:
+                B.copy_into(own[n], v)
+        B.copy_into(io, head)
+        graph.replay()
+        return out
 
     def _upload(self, name, v):
         """An input of an eager step on the backend: token ids (``ids``) through the reused ids

@@ -67,8 +67,8 @@ class Engine:
       cuda) and are opaque to callers: pass them back to the engine (the MTP calls take backend
       rows as they are, or host rows) or download them explicitly with :meth:`host`.
 
-    So a decode step copies nothing to the host but its logits (and the NaN/Inf flags when
-    ``check_finite``).
+    So a decode step copies nothing to the host but its logits (the NaN/Inf flags, when
+    ``check_finite``, live in mapped host memory the kernels write directly).
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
@@ -96,7 +96,8 @@ class Engine:
         self.has_mtp = ckpt.has_mtp
         self._ws: dict = {}
         self._rope_n = 0
-        self._flag_buf = None
+        self._flag_buf, self._flags_read = None, True
+        self._no_flags = self.B.zeros((1,), np.int32)  # the flags of a launch that raises none
         w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
@@ -269,7 +270,7 @@ class Engine:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
             mix = self._attn(L, h, R, kc, vc, start, pos)
-        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R)  # x += mix; h = norm(x)
+        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R, self._no_flags, -1)  # h = norm(x += mix)
         self._tap("residual", x)
         self._tap("post_norm", h)
         return self._mlp(L, h, R)
@@ -283,28 +284,36 @@ class Engine:
 
     def _add_norm(self, x, mix, w, out, R, flags, slot, name):
         """A layer's last residual add and the norm after it (the next layer's input norm, or the
-        final one, tapped as ``name``) in one launch: ``x += mix``, ``out = norm(x)·(1 + w)``;
-        the layer's NaN/Inf flag on ``x`` in between."""
-        self.ops.add_rmsnorm(x, mix, w, self.cfg.rms_norm_eps, out, 0, R)
+        final one, tapped as ``name``) in one launch: ``x += mix``, the layer's NaN/Inf flag on
+        ``x`` (``flags[slot]``), ``out = norm(x)·(1 + w)``."""
+        if flags is None:
+            flags, slot = self._no_flags, -1
+        self.ops.add_rmsnorm(x, mix, w, self.cfg.rms_norm_eps, out, 0, R, flags, slot)
         self._tap("residual2", x)
-        if flags is not None:
-            self.ops.nonfinite_flag(x, R, flags, slot)
         self._tap(name, out)
 
     def _flags(self):
-        """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero."""
+        """The per-call NaN/Inf flags (one slot per layer + lm head), reset to zero. Host memory
+        the kernels write directly (:meth:`~.backend.CudaBackend.mapped_zeros`): no copy either
+        way. A previous call whose flags were never read (it raised before its download) may
+        still be running: it is waited for before the reset."""
         if not self.check_finite:
             return None
-        n = len(self.layers) + 3
         if self._flag_buf is None:
-            self._flag_buf, self._flag_zeros = self.B.zeros((n,), np.int32), np.zeros(n, np.int32)
-        self.B.copy_into(self._flag_buf, self._flag_zeros)
+            self._flag_buf = self.B.mapped_zeros((len(self.layers) + 3,), np.int32)
+        else:
+            if not self._flags_read:
+                self.B.synchronize()
+            self._flag_buf[...] = 0
+        self._flags_read = False
         return self._flag_buf
 
     def _raise_nonfinite(self, sess, flags, names):
+        """After the call's synchronous logits download: raise if a flag is set."""
         if flags is None:
             return
-        f = self.B.download(flags)
+        f = np.array(flags, copy=True)
+        self._flags_read = True
         if f.any():
             where = names[int(np.flatnonzero(f)[0])]
             sess.cache.poisoned = f"{where} produced NaN or Inf"
@@ -319,7 +328,8 @@ class Engine:
         flags and ``inputs``."""
         key = key if self.graphs and self._trace is None else None
         return self.steps.run(c, key, body, inputs, start,
-                              lambda: [c, self.cos, self.sin, self._flag_buf, *keep, *self._ws.values()])
+                              lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
+                                       *self._ws.values()])
 
     # ---- trace mode (harness.engine.trace) ----------------------------------------------------
     @contextmanager

@@ -82,7 +82,9 @@ def op_cases(rng, full: bool = True):
         D = _r(rng, R, N)
         D[R - 1, N // 2] = np.inf  # a non-finite sum: the same bits as add then rmsnorm (NaN compared canonical)
         add("add_rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), D, _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32),
-                                          N, R), [0, 4])
+                                          N, R, np.zeros(3, np.int32), 1), [0, 4, 7])
+        add("add_rmsnorm", f"R{R}-N{N}-finite", (_r(rng, R, N), _r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6),
+                                                 np.zeros((R, N), F32), 0, R, np.zeros(2, np.int32), 0), [0, 4, 7])
     for R, H, D in ([(3, 32, 128), (20, 4, 16), (2, 3, 1100)] if full else [(20, 4, 16)]):
         add("gated_rmsnorm", f"R{R}-H{H}-D{D}",
             (_r(rng, R, H * D), _r(rng, R, 3 * H * D), 2 * H * D, H, D, _r(rng, D), F32(1e-6), np.zeros((R, H * D), F32), R), [7])
