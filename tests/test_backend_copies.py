@@ -25,8 +25,8 @@ class FakeDev(np.ndarray):
 class FakeDriver:
     calls: list = []
 
-    def host_to_device(self, dst, src, size):
-        self.calls.append(("h2d", size))
+    def host_to_device(self, dst, src, size, stream=0):
+        self.calls.append(("h2d" if not stream else ("h2d-async", stream), size))
         dst.view(np.ndarray).reshape(-1).view(np.uint8)[:size] = np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:size]
 
     def device_to_host(self, dst, src, size):
@@ -49,10 +49,16 @@ class FakeCuda:
         FakeCuda.pinned += 1
         return np.zeros(n, dtype)
 
+    def legacy_default_stream(self):
+        return "legacy"
+
+    def mapped_array(self, shape, dtype):
+        return np.full(shape, 7, dtype)
+
 
 def fake_backend():
     b = bk.CudaBackend.__new__(bk.CudaBackend)
-    b.cuda, b._drv, b._pin = FakeCuda(), FakeDriver(), bk.threading.local()
+    b.cuda, b._drv, b._pin, b._legacy = FakeCuda(), FakeDriver(), bk.threading.local(), None
     return b
 
 
@@ -87,3 +93,22 @@ def test_driver_copies_equal_numpy_copies():
     assert np.array_equal(np.asarray(c), np.asarray(big[1:3])) and not np.shares_memory(c, big)
     kinds = {k for k, _ in FakeDriver.calls}
     assert kinds == {"h2d", "d2h", "d2d"}
+
+
+def test_upload_async_and_mapped_flags():
+    """A replay's inputs: one asynchronous copy from pinned memory on the legacy default stream
+    (ordered before the graph launched there); the NaN/Inf flags: zeroed mapped host memory."""
+    b = fake_backend()
+    FakeDriver.calls.clear()
+    head = b.pinned_empty((4,), np.int32)
+    head[:] = [70, 1, 2, 3]
+    io = np.zeros(4, np.int32).view(FakeDev)
+    b.upload_async(io, head)
+    assert np.asarray(io).tolist() == [70, 1, 2, 3]
+    assert FakeDriver.calls == [(("h2d-async", "legacy"), 16)]
+    f = b.mapped_zeros((5,), np.int32)
+    assert f.dtype == np.int32 and f.tolist() == [0] * 5
+    cpu = bk.CpuBackend.__new__(bk.CpuBackend)
+    dst = np.zeros(3, np.int32)
+    cpu.upload_async(dst, np.array([4, 5, 6], np.int32))
+    assert dst.tolist() == [4, 5, 6] and cpu.mapped_zeros((2,)).tolist() == [0, 0]

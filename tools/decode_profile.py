@@ -32,9 +32,13 @@ from harness.atomic import write_text_atomic  # noqa: E402
 
 
 @contextlib.contextmanager
-def _api_timer():
-    """{driver function name: [calls, seconds]} of the numba driver calls made inside."""
+def _api_timer(events=None):
+    """{driver function name: [calls, seconds]} of the numba driver calls made inside, the graph
+    launches (``graph_launch``) among them; ``events``: a list that also gets (name, start,
+    end) perf_counter stamps of each call."""
     from numba.cuda.cudadrv.driver import driver
+
+    from numba_kernels import launch
 
     calls = collections.defaultdict(lambda: [0, 0.0])
 
@@ -44,10 +48,16 @@ def _api_timer():
             try:
                 return fn(*a)
             finally:
+                e = time.perf_counter()
                 c = calls[name]
                 c[0] += 1
-                c[1] += time.perf_counter() - t
+                c[1] += e - t
+                if events is not None:
+                    events.append((name, t, e))
         return call
+
+    replay = launch.Graph.replay
+    launch.Graph.replay = lambda self: timed("graph_launch", lambda: replay(self))()
 
     wrapped = {n: f for n, f in vars(driver).items() if n.startswith("cu") and callable(f)}
     for n, f in wrapped.items():
@@ -63,6 +73,7 @@ def _api_timer():
     try:
         yield calls
     finally:
+        launch.Graph.replay = replay
         del driver._cuda_python_wrap_fn
         for n, f in wrapped.items():
             setattr(driver, n, f)
@@ -152,6 +163,20 @@ def main(argv=None) -> int:
                 B.synchronize()
             r["api_per_step"] = {k: {"calls": n / args.reps, "us": t / args.reps * 1e6}
                                  for k, (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])}
+            # one step's timeline: each call's start and end (us from the step's start; the
+            # median over the steps), then the step's end (after the caller's argmax)
+            steps = []
+            for _ in range(args.reps):
+                ev = []
+                with _api_timer(ev):
+                    t0 = time.perf_counter()
+                    whole()
+                    t1 = time.perf_counter()
+                steps.append([(n, (a - t0) * 1e6, (b - t0) * 1e6) for n, a, b in ev] + [("end", (t1 - t0) * 1e6, 0.0)])
+            if len({tuple(n for n, _, _ in st) for st in steps}) == 1:
+                r["timeline_us"] = [[n, round(float(np.median([st[i][1] for st in steps])), 1),
+                                     round(float(np.median([st[i][2] for st in steps])), 1)]
+                                    for i, (n, _, _) in enumerate(steps[0])]
 
         def replay():
             graph.replay()
@@ -175,7 +200,8 @@ def main(argv=None) -> int:
         host = B.download(view)
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
         res["steps"][str(R)] = r
-        print(R, json.dumps({k: v for k, v in r.items() if k.endswith(("_us", "_bytes")) or k == "api_per_step"}),
+        shown = {k: v for k, v in r.items() if k.endswith(("_us", "_bytes")) or k.startswith(("api", "time"))}
+        print(R, json.dumps(shown),
               flush=True)
     if not args.ncu_step:
         write_text_atomic(args.out, json.dumps(res, indent=1))

@@ -56,6 +56,12 @@ class CpuBackend:
     def mapped_zeros(self, shape, dtype=np.int32):
         return np.zeros(shape, dtype)
 
+    def pinned_empty(self, shape, dtype=np.int32):
+        return np.empty(shape, dtype)
+
+    def upload_async(self, dst, src):
+        dst[...] = src
+
     def download(self, a):
         return np.array(a, copy=True)
 
@@ -96,6 +102,7 @@ class CudaBackend:
         # simulator through numba's device arrays
         self._drv = None if kcuda.SIMULATED else _raw_driver()
         self._pin = threading.local()  # per host thread: a pinned staging buffer for downloads
+        self._legacy = None  # numba's handle on the legacy default stream (upload_async)
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()
@@ -119,6 +126,22 @@ class CudaBackend:
 
     def upload(self, a):
         return self.cuda.to_device(np.ascontiguousarray(a))
+
+    def pinned_empty(self, shape, dtype=np.int32):
+        """A host array in pinned memory (the source of :meth:`upload_async`)."""
+        return self.cuda.pinned_array(shape, dtype)
+
+    def upload_async(self, dst, src):
+        """Copy host ``src`` (pinned, from :meth:`pinned_empty`, same shape and dtype) into device
+        ``dst`` asynchronously on the legacy default stream: ordered before every later launch
+        and copy there, the host not waiting. ``src`` must stay unchanged until the next
+        synchronising call."""
+        if self._drv is None or not _contiguous(dst):
+            dst.copy_to_device(src)
+        elif src.size:
+            if self._legacy is None:
+                self._legacy = self.cuda.legacy_default_stream()
+            self._drv.host_to_device(dst, src, src.nbytes, stream=self._legacy)
 
     def mapped_zeros(self, shape, dtype=np.int32):
         """Zeros in host memory the kernels address directly (pinned and mapped): the host reads

@@ -50,8 +50,9 @@ class StepRunner:
         allocating what it needs); the second captures the body with its own copies of the
         inputs; every later call copies the new inputs into those copies and replays. A
         capture's position and token ids (input ``ids``) share one int32 buffer, ``[pos, ids...]``,
-        so a replay uploads both in one copy. ``keep()``: the buffers a capture reads or writes
-        besides its inputs, kept alive as long as the graph."""
+        so a replay uploads both in one asynchronous copy from pinned memory (the caller
+        synchronises before the next replay: every step downloads its logits). ``keep()``: the
+        buffers a capture reads or writes besides its inputs, kept alive as long as the graph."""
         if key is None:
             return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
         B = self.B
@@ -60,20 +61,19 @@ class StepRunner:
             io = B.empty((1 + (len(inputs["ids"]) if "ids" in inputs else 0),), np.int32)
             own = {n: io[1:] if n == "ids" else B.empty(v.shape, v.dtype) for n, v in inputs.items()}
             graph, out = self.ops.capture(lambda: body(own, 0, io[0:1]), [io, *keep(), *own.values()])
-            g = cache.graphs[key] = (graph, out, own, io)
+            g = cache.graphs[key] = (graph, out, own, io, B.pinned_empty(io.shape, np.int32))
         if g is None:
             cache.graph_seen.add(key)
             B.copy_into(self.pos, np.array([start], np.int32))
             return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
-        graph, out, own, io = g
-        head = np.empty(io.shape, np.int32)
-        head[0] = start
+        graph, out, own, io, head = g
+        head[0] = start  # pinned: the previous replay's upload of it ended with that step's download
         for n, v in inputs.items():
             if n == "ids":
                 head[1:] = v
             else:
                 B.copy_into(own[n], v)
-        B.copy_into(io, head)
+        B.upload_async(io, head)
         graph.replay()
         return out
 

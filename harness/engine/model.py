@@ -386,9 +386,10 @@ class Engine:
             logits, hf = self._step(c, key, body, {"ids": ids}, start,
                                     keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
+        # the hidden copy is queued behind the step before the logits' download waits for both
+        hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
-        hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
         c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
@@ -515,9 +516,10 @@ class Engine:
 
         with self._tracing(sess, "mtp", start, R):
             logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
+        hidden = self.B.clone(hf)  # queued behind the step, before the download waits
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
-        return out, self.B.clone(hf)
+        return out, hidden
 
     def mtp_fill(self, sess, tokens, hiddens):
         """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
