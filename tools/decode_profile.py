@@ -163,8 +163,9 @@ def main(argv=None) -> int:
                 B.synchronize()
             r["api_per_step"] = {k: {"calls": n / args.reps, "us": t / args.reps * 1e6}
                                  for k, (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])}
-            # one step's timeline: each call's start and end (us from the step's start; the
-            # median over the steps), then the step's end (after the caller's argmax)
+            # one step's timeline: the first call of each name in a step, its start and end in us
+            # from the step's start (medians over the steps; names called in every step), and
+            # the step's end after the caller's argmax
             steps = []
             for _ in range(args.reps):
                 ev = []
@@ -172,11 +173,15 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     whole()
                     t1 = time.perf_counter()
-                steps.append([(n, (a - t0) * 1e6, (b - t0) * 1e6) for n, a, b in ev] + [("end", (t1 - t0) * 1e6, 0.0)])
-            if len({tuple(n for n, _, _ in st) for st in steps}) == 1:
-                r["timeline_us"] = [[n, round(float(np.median([st[i][1] for st in steps])), 1),
-                                     round(float(np.median([st[i][2] for st in steps])), 1)]
-                                    for i, (n, _, _) in enumerate(steps[0])]
+                first = {}
+                for n, a, b in ev:
+                    first.setdefault(n, ((a - t0) * 1e6, (b - t0) * 1e6))
+                first["end"] = ((t1 - t0) * 1e6, (t1 - t0) * 1e6)
+                steps.append(first)
+            common = set.intersection(*(set(st) for st in steps))
+            line = [[n, round(float(np.median([st[n][0] for st in steps])), 1),
+                     round(float(np.median([st[n][1] for st in steps])), 1)] for n in common]
+            r["timeline_us"] = sorted(line, key=lambda e: e[1])
 
         def replay():
             graph.replay()
