@@ -5,8 +5,8 @@ Steps of at most :data:`GRAPH_MAX_ROWS` rows (decode, verify, MTP drafts) are ca
 cache and replayed (CUDA graphs): one graph launch instead of ~15 launches per layer from
 Python. The position then lives on the device (int32, uploaded with the step's token ids in
 one copy), so one capture serves every position. Larger steps, and every step on a backend that
-cannot capture (cpu), run eagerly with the position as a scalar. A replay launches the same kernels on the same
-inputs as the eager run: the same bits.
+cannot capture (cpu), run eagerly with the position as a scalar. A replay launches the same
+kernels on the same inputs as the eager run: the same bits.
 
 ``PRIMEWALK_GRAPHS=0`` or ``Engine(..., graphs=False)`` turns capture off.
 """
