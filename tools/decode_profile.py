@@ -201,6 +201,10 @@ def main(argv=None) -> int:
         r["download_view_us"] = timed(lambda: B.download(view))  # without numba's slicing
         pinned = cuda.pinned_array(view.nbytes, np.uint8)  # the bare driver copy, for its bandwidth
         r["d2h_pinned_us"] = timed(lambda: view.copy_to_host(pinned.view(view.dtype).reshape(view.shape)))
+        # the other way to a new host array: the driver's copy straight into pageable memory (it
+        # stages internally), against the backend's pinned copy + host copy (download_view_us)
+        r["d2h_pageable_new_us"] = timed(lambda: view.copy_to_host(np.empty(view.shape, view.dtype)))
+        r["host_copy_us"] = timed(lambda: pinned.copy())  # the host copy alone, pinned to a new array
         r["logits_bytes"] = int(view.nbytes)
         host = B.download(view)
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
