@@ -157,25 +157,24 @@ def main(argv=None) -> int:
             r["cprofile_tottime"] = buf.getvalue().splitlines()
 
         if args.api_times:  # each driver call numba makes, timed (a synchronous copy includes the wait)
-            with _api_timer() as calls:
+            ev, bounds = [], []
+            with _api_timer(ev) as calls:
                 for _ in range(args.reps):
+                    t0 = time.perf_counter()
                     whole()
+                    bounds.append((t0, time.perf_counter()))
                 B.synchronize()
             r["api_per_step"] = {k: {"calls": n / args.reps, "us": t / args.reps * 1e6}
                                  for k, (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])}
-            # one step's timeline: the first call of each name in a step, its start and end in us
-            # from the step's start (medians over the steps; names called in every step), and
-            # the step's end after the caller's argmax
+            # one step's timeline, from the same steps: the first call of each name in a step, its
+            # start and end in us from the step's start (medians over the steps; names called in
+            # every step), and the step's end after the caller's argmax
             steps = []
-            for _ in range(args.reps):
-                ev = []
-                with _api_timer(ev):
-                    t0 = time.perf_counter()
-                    whole()
-                    t1 = time.perf_counter()
+            for t0, t1 in bounds:
                 first = {}
-                for n, a, b in ev:
-                    first.setdefault(n, ((a - t0) * 1e6, (b - t0) * 1e6))
+                for n, a, e in ev:
+                    if t0 <= a <= t1:
+                        first.setdefault(n, ((a - t0) * 1e6, (e - t0) * 1e6))
                 first["end"] = ((t1 - t0) * 1e6, (t1 - t0) * 1e6)
                 steps.append(first)
             common = set.intersection(*(set(st) for st in steps))
@@ -210,8 +209,7 @@ def main(argv=None) -> int:
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
         res["steps"][str(R)] = r
         shown = {k: v for k, v in r.items() if k.endswith(("_us", "_bytes")) or k.startswith(("api", "time"))}
-        print(R, json.dumps(shown),
-              flush=True)
+        print(R, json.dumps(shown), flush=True)
     if not args.ncu_step:
         write_text_atomic(args.out, json.dumps(res, indent=1))
     return 0
