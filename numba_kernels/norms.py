@@ -1,6 +1,6 @@
 """Zero-centred RMS norms: ``rmsnorm`` (rows), ``add_rmsnorm`` (the residual add in place, its
-NaN/Inf flag, then rmsnorm: one launch for three), ``head_rmsnorm`` (per head, q/k norms) and ``gated_rmsnorm`` (the
-DeltaNet's output norm, ``norm(x)·w·silu(z)``).
+NaN/Inf flag, then rmsnorm: one launch for three), ``head_rmsnorm`` (per head, q/k norms) and
+``gated_rmsnorm`` (the DeltaNet's output norm, ``norm(x)·w·silu(z)``).
 
 Per row (or head) of n values: ``inv = 1 / sqrt(dot(x, x) / n + eps)`` in float32 (``eps``
 rounded to float32 first, whatever the caller passes), the dot in the canonical order; then each
