@@ -74,10 +74,16 @@ def block_sumsq(X, r, off, n, ps, tid, nt):
 
 
 @body
+def norm_val(x, inv, w):
+    """One zero-centred norm output: x·inv·(1 + w)."""
+    return fmul(fmul(x, inv), ONE + w)
+
+
+@body
 def norm_span(X, r, xo, n, w, inv, out, oo, i0, step):
     """out[r, oo + i] = X[r, xo + i]·inv·(1 + w[i]) for i in range(i0, n, step)."""
     for i in range(i0, n, step):
-        out[r, oo + i] = fmul(fmul(X[r, xo + i], inv), ONE + w[i])
+        out[r, oo + i] = norm_val(X[r, xo + i], inv, w[i])
 
 
 @body

@@ -39,7 +39,7 @@ assert kc.SIMULATED
 F32 = np.float32
 rng = np.random.default_rng(0)
 CASES: list = []
-POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_split": 4, "attention_prime": 4, "attention_tiled": 4,
+POS_ARG = {"rope": 6, "kv_write": 6, "qk_norm_rope": 10, "attention": 4, "attention_split": 4, "attention_prime": 4, "attention_tiled": 4,
            "attention_mma": 4, "attention_mma_split": 4, "attention_mma_tiled": 4}
 
 
@@ -189,6 +189,12 @@ def op_cases():
         case("rope", "R2-H3-D8-p70", (r(2, 3 * 8), 3, 8, 2, cos, sin, 70, 2), [0], pos=pos)
         case("kv_write", "R2-p70", (r(2, 20), 3, r(2, 30), 11, np.zeros((75, 8), F32), np.zeros((75, 8), F32), 70, 2),
              [4, 5], pos=pos)
+        # q/k norms + RoPE + K/V write: odd heads, a head dim over two passes of the block's slices
+        # (D 1100 > 32 threads × 32), a partial rotary dim; cache rows around the written ones kept
+        for R, hq, hkv, D, half in ((2, 3, 1, 8, 2), (1, 1, 1, 1100, 2), (3, 5, 2, 36, 1)):
+            case("qk_norm_rope", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p70",
+                 (r(R, 2 * (hq + hkv) * D), hq, hkv, D, r(D, scale=0.1), r(D, scale=0.1), F32(1e-6), half, cos, sin, 70,
+                  np.zeros((R, hq * D), F32), r(75, hkv * D), r(75, hkv * D), R), [11, 12, 13], pos=pos)
     # attention through the dispatch table -- a context of one key; one row over three tiles, the
     # last partial; rows starting mid-tile on both sides of the split-KV threshold -- and every
     # version on its own, with the position as a scalar and on the device. Keys past the last

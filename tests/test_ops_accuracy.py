@@ -643,6 +643,46 @@ def test_rope(R, H, D, rot, start):
     check_op("rope", f"R{R}-H{H}-D{D}-rot{rot}-p{start}", [("out", out, want)])
 
 
+@pytest.mark.parametrize("R,hq,hkv,D,rot,start", [(3, 4, 2, 16, 4, 0), (2, 5, 1, 24, 24, 70), (4, 3, 3, 12, 0, 9),
+                                                   (1, 16, 2, 256, 64, 1000), (2, 3, 1, 10, 6, 5)])
+def test_qk_norm_rope_is_the_five_ops(R, hq, hkv, D, rot, start):
+    """The fused op: q/k head norms, RoPE on both and the K/V write -- bit for bit
+    head_rmsnorm ×2, rope ×2 and kv_write (odd head counts, partial and zero rotary dims), rows
+    of the caches other than start..start+R untouched; within the stated tolerance of the
+    float64 reference."""
+    rng = np.random.default_rng(R * hq + D + start)
+    half = rot // 2
+    cos, sin = rope_tables(start + R + 3, rot, 10000.0)
+    QKV = rnd(rng, R + 1, 2 * hq * D + 2 * hkv * D, scale=2.0)
+    wq, wk = rnd(rng, D, scale=0.1), rnd(rng, D, scale=0.1)
+    ctx = start + R + 2
+    Q, kc, vc = np.zeros((R + 1, hq * D), F32), rnd(rng, ctx, hkv * D), rnd(rng, ctx, hkv * D)
+    kc0, vc0 = kc.copy(), vc.copy()
+    cpu.qk_norm_rope(QKV, hq, hkv, D, wq, wk, 1e-6, half, cos, sin, start, Q, kc, vc, R)
+    q5, k5 = np.zeros((R, hq * D), F32), np.zeros((R, hkv * D), F32)
+    kc5, vc5 = kc0.copy(), vc0.copy()
+    cpu.head_rmsnorm(QKV, 0, hq, D, wq, 1e-6, q5, R)
+    cpu.head_rmsnorm(QKV, 2 * hq * D, hkv, D, wk, 1e-6, k5, R)
+    cpu.rope(q5, hq, D, half, cos, sin, start, R)
+    cpu.rope(k5, hkv, D, half, cos, sin, start, R)
+    cpu.kv_write(k5, 0, QKV, 2 * hq * D + hkv * D, kc5, vc5, start, R)
+    np.testing.assert_array_equal(Q[:R].view(np.uint32), q5.view(np.uint32))
+    np.testing.assert_array_equal(kc.view(np.uint32), kc5.view(np.uint32))
+    np.testing.assert_array_equal(vc.view(np.uint32), vc5.view(np.uint32))
+    assert not Q[R].any()  # rows past R untouched
+    rows = slice(start, start + R)
+    assert (kc[:start] == kc0[:start]).all() and (kc[start + R:] == kc0[start + R:]).all()
+    assert (vc[:start] == vc0[:start]).all() and (vc[start + R:] == vc0[start + R:]).all()
+    np.testing.assert_array_equal(vc[rows], QKV[:R, 2 * hq * D + hkv * D:])
+    c64, s64 = ref.rope_cos_sin(list(range(start, start + R)), rot, 10000.0)
+
+    def want(off, heads, w):
+        x = QKV[:R, off:off + heads * D].reshape(R, heads, D).astype(F64)
+        return ref.apply_rope(ref.rms_norm(x, w.astype(F64), 1e-6), c64, s64, rot).reshape(R, heads * D)
+    check_op("qk_norm_rope", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-rot{rot}-p{start}",
+             [("q", Q[:R], want(0, hq, wq)), ("k", kc[rows], want(2 * hq * D, hkv, wk))])
+
+
 def test_kv_write():
     rng = np.random.default_rng(6)
     Kh, Vh = rnd(rng, 3, 40), rnd(rng, 3, 50)

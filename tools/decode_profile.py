@@ -204,6 +204,9 @@ def main(argv=None) -> int:
         # stages internally), against the backend's pinned copy + host copy (download_view_us)
         r["d2h_pageable_new_us"] = timed(lambda: view.copy_to_host(np.empty(view.shape, view.dtype)))
         r["host_copy_us"] = timed(lambda: pinned.copy())  # the host copy alone, pinned to a new array
+        keep = np.empty_like(pinned)  # ... and into memory already touched: the new array's page faults
+        r["host_copy_reused_us"] = timed(lambda: np.copyto(keep, pinned))
+        r["host_alloc_touch_us"] = timed(lambda: np.ones(pinned.shape, np.uint8))  # faults + a write, no copy
         r["logits_bytes"] = int(view.nbytes)
         host = B.download(view)
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))

@@ -2,7 +2,7 @@
 # A kernel-work check on the device machine (not the evidence): the named ops' device-check cases,
 # the default matrix on CUDA diffed with the golden CPU digests, then (alone on the GPU) the decode
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
-#   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] bash tools/dev_check.sh OUTDIR
+#   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] bash tools/dev_check.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: tools/dev_check.sh OUTDIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
@@ -18,7 +18,7 @@ s=$(date +%s)
 wait
 echo "parallel part $(( $(date +%s) - s )) s" >> "$out/jobs.txt"
 cat "$out/jobs.txt"; tail -n 3 "$out"/dc.log "$out/diff.txt" 2>/dev/null
-python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} --api-times > "$out/profile.log" 2>&1
+python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} > "$out/profile.log" 2>&1
 echo "profile exit $?" >> "$out/jobs.txt"; cut -c1-1500 "$out/profile.log"
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \

@@ -196,17 +196,12 @@ class Engine:
         qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
         ops.linear(h, L["qkv"], qkv, R)
         self._tap("qkv", qkv)
-        q, k = ws("q", R, hq * D), ws("k", R, hkv * D)
-        ops.head_rmsnorm(qkv, 0, hq, D, L["q_norm"], cfg.rms_norm_eps, q, R)
-        self._tap("q_norm", q)
-        ops.head_rmsnorm(qkv, 2 * hq * D, hkv, D, L["k_norm"], cfg.rms_norm_eps, k, R)
-        self._tap("k_norm", k)
-        half = cfg.rotary_dim // 2
-        ops.rope(q, hq, D, half, self.cos, self.sin, start, R, **at)
+        q = ws("q", R, hq * D)
+        # q/k norms, RoPE and the K/V cache write, one launch: q normed and rotated; K normed,
+        # rotated and V copied straight into the caches' rows start..
+        ops.qk_norm_rope(qkv, hq, hkv, D, L["q_norm"], L["k_norm"], cfg.rms_norm_eps, cfg.rotary_dim // 2, self.cos,
+                         self.sin, start, q, kc, vc, R, **at)
         self._tap("q_rope", q)
-        ops.rope(k, hkv, D, half, self.cos, self.sin, start, R, **at)
-        self._tap("k_rope", k)
-        ops.kv_write(k, 0, qkv, 2 * hq * D + hkv * D, kc, vc, start, R, **at)
         self._tap("kv_write", kc, x0=start, then=vc)  # traced only eagerly: start is the position
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)

@@ -53,8 +53,7 @@ from .config import LINEAR
 PASSES = ("trunk", "mtp")
 GDN_OPS = ("in_norm", "qkvz", "ba", "conv", "gdn_q", "gdn_k", "beta", "g", "recurrence", "gated_norm",
            "out_proj", "residual")
-ATTN_OPS = ("in_norm", "qkv", "q_norm", "k_norm", "q_rope", "k_rope", "kv_write", "attention", "attn_gate",
-            "o_proj", "residual")
+ATTN_OPS = ("in_norm", "qkv", "q_rope", "kv_write", "attention", "attn_gate", "o_proj", "residual")
 DENSE_OPS = ("post_norm", "mlp_gu", "mlp_act", "mlp_down", "residual2")
 SHARED_OPS = ("shared_gu", "shared_act", "shared_down", "shared_gate")
 TRUNK_HEAD, TRUNK_TAIL = ("embed",), ("norm", "logits")

@@ -97,6 +97,11 @@ def op_cases(rng, full: bool = True):
         for start in (0, 1000):
             add("rope", f"R{R}-H{H}-D{D}-p{start}",
                 (_r(rng, R, H * D), H, D, half, np.cos(ang).astype(F32), np.sin(ang).astype(F32), start, R), [0])
+        for hq, hkv in ((H, max(1, H // 4)), (H + 1, 1)):
+            add("qk_norm_rope", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p1000",
+                (_r(rng, R, 2 * (hq + hkv) * D), hq, hkv, D, _r(rng, D, scale=0.1), _r(rng, D, scale=0.1), F32(1e-6), half,
+                 np.cos(ang).astype(F32), np.sin(ang).astype(F32), 1000, np.zeros((R, hq * D), F32),
+                 _r(rng, 1000 + R + 3, hkv * D), _r(rng, 1000 + R + 3, hkv * D), R), [11, 12, 13])
         add("sigmoid_gate", f"R{R}-N{H * D}", (_r(rng, R, H * D), _r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [3])
         add("swiglu_act", f"R{R}-I{H * D}", (_r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [2])
     for C, K, R in ([(8192, 4, 1), (8192, 4, 65), (96, 3, 7)] if full else [(96, 3, 7), (40, 4, 2)]):
@@ -170,6 +175,10 @@ def op_cases(rng, full: bool = True):
         ang = np.outer(np.arange(ctx), 10000.0 ** (-np.arange(half) * 2.0 / (2 * half)))
         add("rope@pos", f"R{R}-H{hq}-D{D}-p{start}",
             (_r(rng, R, hq * D), hq, D, half, np.cos(ang).astype(F32), np.sin(ang).astype(F32), start, R), [0])
+        add("qk_norm_rope@pos", f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p{start}",
+            (_r(rng, R, 2 * (hq + hkv) * D), hq, hkv, D, _r(rng, D, scale=0.1), _r(rng, D, scale=0.1), F32(1e-6), half,
+             np.cos(ang).astype(F32), np.sin(ang).astype(F32), start, np.zeros((R, hq * D), F32),
+             _r(rng, ctx + 2, hkv * D), _r(rng, ctx + 2, hkv * D), R), [11, 12, 13])
     bad = _r(rng, 4, 33)
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
@@ -210,7 +219,7 @@ def mma_op_cases(rng, full, add):
              hq, hkv, D, F32(D ** -0.5)), [3])
 
 
-POS_ARG = {"rope": 6, "kv_write": 6, "attention": 4, "attention_mma": 4}  # where ``start`` sits in the args
+POS_ARG = {"rope": 6, "kv_write": 6, "qk_norm_rope": 10, "attention": 4, "attention_mma": 4}  # where ``start`` sits in the args
 
 
 def run_op_case(cpu_ops, cuda_ops, cuda, op, args, outs):
