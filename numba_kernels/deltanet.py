@@ -1,7 +1,7 @@
 """The gated DeltaNet: ``gdn_prep`` (q/k L2 norms, q scale, beta, g) and ``gdn_recurrence`` (the
 gated delta rule, token by token for every schedule, DESIGN.md §3.6).
 
-``gdn_prep`` shapes: QKV[:, :2·kd] = q ‖ k (kd = hk·dk); BA = b (nv) ‖ a (nv); out Qn, Kn [R, kd],
+``gdn_prep`` shapes: QKV[:, :2·kd] = q ‖ k (kd = hk·dk); BA[:, bo:] = b (nv) ‖ a (nv); out Qn, Kn [R, kd],
 beta, g [R, nv]. ``q ← q/‖q‖·qscale``, ``k ← k/‖k‖`` (``1/sqrt(Σx² + 1e-6)``, the dot in the
 canonical order), ``beta = sigmoid(b)``, ``g = −exp(A_log)·softplus(a + dt_bias)``.
 
@@ -68,25 +68,25 @@ def qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h):
 
 
 @body
-def beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, h):
+def beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h):
     """Value head h of row r: beta = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias)."""
-    beta[r, h] = sigmoid32(BA[r, h])
-    g[r, h] = fmul(-exp32(A_log[h]), softplus32(BA[r, nv + h] + dt_bias[h]))
+    beta[r, h] = sigmoid32(BA[r, bo + h])
+    g[r, h] = fmul(-exp32(A_log[h]), softplus32(BA[r, bo + nv + h] + dt_bias[h]))
 
 
 @twin("gdn_prep")
-def gdn_prep_cpu(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
+def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     """L2-normalise q and k per key head (q also · qscale) from QKV[:, :2kd]; beta = sigmoid(b),
-    g = −exp(A_log)·softplus(a + dt_bias) from BA = [b (nv) ‖ a (nv)]."""
+    g = −exp(A_log)·softplus(a + dt_bias) from BA[:, bo:] = [b (nv) ‖ a (nv)]."""
     for r in range(R):
         for h in range(hk):
             qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
         for h in range(nv):
-            beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, h)
+            beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h)
 
 
 @kernel
-def gdn_prep_k(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
+def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
     heads v ≡ h (mod hk) of the row's beta and g."""
     b = cuda.blockIdx.x
@@ -98,14 +98,14 @@ def gdn_prep_k(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g,
     ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
     qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
     for v in range(h + tid * hk, nv, nt * hk):
-        beta_g_at(BA, nv, A_log, dt_bias, beta, g, r, v)
+        beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
 
 
 @launcher("gdn_prep")
-def gdn_prep_cuda(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
+def gdn_prep_cuda(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     """One block per (row, key head)."""
     if R * hk:
-        launch(gdn_prep_k, R * hk, block_size(NORM_THREADS), QKV, kd, hk, dk, BA, nv, A_log, dt_bias, F32(qscale),
+        launch(gdn_prep_k, R * hk, block_size(NORM_THREADS), QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, F32(qscale),
                Qn, Kn, beta, g, R)
 
 

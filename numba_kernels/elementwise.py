@@ -1,5 +1,5 @@
-"""Elementwise ops: ``embed``, ``add``, ``swiglu_act``, ``sigmoid_gate``, ``nonfinite_flag`` and
-the scalar maps (``map_exp`` … ``map_softplus``: tests and host-side sampling).
+"""Elementwise ops: ``embed``, ``add``, ``swiglu_act``, ``sigmoid_gate``, ``nonfinite_flag``,
+``copy_i32`` and the scalar maps (``map_exp`` … ``map_softplus``: tests and host-side sampling).
 
 Each output element is one body call: the CPU twin loops over rows and columns, the CUDA kernel
 runs one thread per element (``row_col`` splits its index).
@@ -189,3 +189,26 @@ def nonfinite_flag_k(X, R, flags, slot):
 @launcher("nonfinite_flag")
 def nonfinite_flag_cuda(X, R, flags, slot):
     launch(nonfinite_flag_k, *grid1(R * X.shape[1]), X, R, flags, slot)
+
+
+# ------------------------------------------------------------------------------------------------
+# a step's inputs
+# ------------------------------------------------------------------------------------------------
+@twin("copy_i32")
+def copy_i32_cpu(src, dst, n):
+    """dst[i] = src[i] for i < n (int32, 1-D). A captured step starts with it: its position and
+    token ids, written by the host into mapped memory, copied into device memory."""
+    for i in range(n):
+        dst[i] = src[i]
+
+
+@kernel
+def copy_i32_k(src, dst, n):
+    i = cuda.grid(1)
+    if i < n:
+        dst[i] = src[i]
+
+
+@launcher("copy_i32")
+def copy_i32_cuda(src, dst, n):
+    launch(copy_i32_k, *grid1(n), src, dst, n)

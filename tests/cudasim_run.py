@@ -170,9 +170,9 @@ def op_cases():
               capture), [3, 4, 6])
     hk, nv, dk, dv = 2, 4, 40, 36
     case("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}",
-         (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv),
-          F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
-          np.zeros((3, nv), F32), 3), [9, 10, 11, 12])
+         (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 5 + 2 * nv), 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
+          r(nv), F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
+          np.zeros((3, nv), F32), 3), [10, 11, 12, 13])
     # (the fast recurrence's own variants: tests/test_sim_gdn.py)
     for ver, R in (("gdn_recurrence", 1), ("gdn_recurrence", 3), ("gdn_recurrence", 9), ("gdn_recurrence_fast", 3),
                    ("gdn_recurrence_naive", 3)):
@@ -185,6 +185,7 @@ def op_cases():
     # rope and the K/V write at position 70, also with the position on the device
     ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))
     cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    case("copy_i32", "n5-of-7", (np.arange(7, dtype=np.int32) - 3, np.full(7, 9, np.int32), 5), [1])
     for pos in (False, True):
         case("rope", "R2-H3-D8-p70", (r(2, 3 * 8), 3, 8, 2, cos, sin, 70, 2), [0], pos=pos)
         case("kv_write", "R2-p70", (r(2, 20), 3, r(2, 30), 11, np.zeros((75, 8), F32), np.zeros((75, 8), F32), 70, 2),

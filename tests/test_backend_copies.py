@@ -70,12 +70,13 @@ def test_driver_copies_equal_numpy_copies():
     for dev in (big, big[1:3], small, small[2:]):
         host = b.download(dev)
         assert type(host) is np.ndarray and host.shape == dev.shape and np.array_equal(host, np.asarray(dev))
-        assert not np.shares_memory(host, b._pin.__dict__.get("buf", np.zeros(1)))
+    # the staging buffer: downloads past the pool's size, reused and grown
+    huge = np.zeros((2, bk.POOL_MAX_BYTES // 4 + 8), np.float32).view(FakeDev)
+    huge[1, 5] = 3.0
+    h = b.download(huge)
     first = b._pin.buf
-    b.download(big[:2])
-    assert b._pin.buf is first and FakeCuda.pinned == 1  # reused, not reallocated
-    bigger = rng.standard_normal((8, 40000)).astype(np.float32).view(FakeDev)
-    assert np.array_equal(b.download(bigger), np.asarray(bigger)) and b._pin.buf.size >= bigger.nbytes
+    assert np.array_equal(h, np.asarray(huge)) and not np.shares_memory(h, first)
+    assert np.array_equal(b.download(huge[:1]), np.asarray(huge[:1])) and b._pin.buf is first  # reused
     # a strided view is not one run: numba's copy
     col = big[:, :7]
     assert np.array_equal(b.download(col), np.asarray(col))
@@ -95,20 +96,94 @@ def test_driver_copies_equal_numpy_copies():
     assert kinds == {"h2d", "d2h", "d2d"}
 
 
-def test_upload_async_and_mapped_flags():
-    """A replay's inputs: one asynchronous copy from pinned memory on the legacy default stream
-    (ordered before the graph launched there); the NaN/Inf flags: zeroed mapped host memory."""
+def test_pooled_downloads_never_overwrite_what_the_caller_holds():
+    """Downloads of PINNED_MIN_BYTES .. POOL_MAX_BYTES come back in pooled pinned buffers (no host
+    copy); a buffer is reused only once nothing handed out of it is alive -- not the array, not
+    a view of a view, not a memoryview -- so a kept result is never overwritten; with every
+    buffer held, downloads fall back to new arrays through the staging buffer."""
+    rng = np.random.default_rng(1)
     b = fake_backend()
-    FakeDriver.calls.clear()
-    head = b.pinned_empty((4,), np.int32)
-    head[:] = [70, 1, 2, 3]
-    io = np.zeros(4, np.int32).view(FakeDev)
-    b.upload_async(io, head)
-    assert np.asarray(io).tolist() == [70, 1, 2, 3]
-    assert FakeDriver.calls == [(("h2d-async", "legacy"), 16)]
+    FakeCuda.pinned = 0
+    devs = [rng.standard_normal((5, 30000)).astype(np.float32).view(FakeDev) for _ in range(8)]
+    a = b.download(devs[0])
+    row = a[2]  # a view; the array itself dropped
+    del a
+    sub = row[10:20][::2]  # a view of a view
+    del row
+    mem = memoryview(b.download(devs[1]))  # only a memoryview kept
+    c = b.download(devs[2])
+    c0 = c.copy()
+    pool = b._pin.pool
+    assert len(pool) == 3 and FakeCuda.pinned == 3  # three held: three buffers
+    for i in range(3, 8):  # one more pooled buffer, then (all four held) the staging path
+        keep = b.download(devs[i])
+        assert np.array_equal(keep, np.asarray(devs[i]))
+        del keep
+    assert len(pool) == bk.POOL_BUFFERS == 4 and FakeCuda.pinned == 4  # the fourth, reused
+    assert np.array_equal(sub, np.asarray(devs[0])[2, 10:20:2])
+    assert np.array_equal(np.frombuffer(mem, np.float32).reshape(5, -1), np.asarray(devs[1]))
+    assert np.array_equal(c, c0)
+    held = [b.download(devs[7])]  # the free fourth one
+    more = b.download(devs[6])  # all four held: a new array via the staging buffer
+    assert np.array_equal(more, np.asarray(devs[6])) and FakeCuda.pinned == 5  # (the staging buffer)
+    assert not any(np.shares_memory(more, e[0]) for e in pool)
+    del sub, mem, c, held
+    again = b.download(devs[5])  # released: pooled again, no new pinned memory
+    assert any(np.shares_memory(again, e[0]) for e in pool) and FakeCuda.pinned == 5
+    # a larger download than a free buffer holds replaces it
+    bigger = rng.standard_normal((3, 200000)).astype(np.float32).view(FakeDev)
+    del again
+    got = b.download(bigger)
+    assert np.array_equal(got, np.asarray(bigger)) and len(pool) == 4
+    assert any(np.shares_memory(got, e[0]) for e in pool)
+
+
+def test_mapped_flags():
+    """The NaN/Inf flags and a captured step's inputs: zeroed mapped host memory."""
+    b = fake_backend()
     f = b.mapped_zeros((5,), np.int32)
     assert f.dtype == np.int32 and f.tolist() == [0] * 5
     cpu = bk.CpuBackend.__new__(bk.CpuBackend)
-    dst = np.zeros(3, np.int32)
-    cpu.upload_async(dst, np.array([4, 5, 6], np.int32))
-    assert dst.tolist() == [4, 5, 6] and cpu.mapped_zeros((2,)).tolist() == [0, 0]
+    assert cpu.mapped_zeros((2,)).tolist() == [0, 0]
+
+
+def test_captured_steps_take_position_and_ids_from_mapped_memory():
+    """StepRunner: the first call of a key runs eagerly, the second captures, later calls replay;
+    a replay's position and token ids reach the body through the host's mapped buffer and the
+    graph's first kernel (copy_i32), with no copy call."""
+    from harness.engine.graphs import StepRunner
+    from numba_kernels import cpu as kcpu
+
+    class Ops:
+        copy_i32 = staticmethod(kcpu.copy_i32)
+
+        @staticmethod
+        def capture(fn, keep):
+            class G:
+                def replay(self):
+                    fn()
+            return G(), fn()
+
+    cpu = bk.CpuBackend.__new__(bk.CpuBackend)
+    runner = StepRunner(cpu, Ops(), graphs=True)
+
+    class Cache:
+        graphs, graph_seen = {}, set()
+
+    seen = []
+
+    def body(inp, at, pos):
+        out = np.zeros(3, np.int64)
+        out[:2] = np.asarray(inp["ids"])
+        out[2] = at + int(pos[0])
+        seen.append(out)
+        return out
+    cache = Cache()
+    for start, ids in ((5, [7, 8]), (6, [9, 1]), (7, [2, 3]), (8, [4, 4])):
+        seen.clear()
+        runner.run(cache, ("trunk", 2), body, {"ids": np.array(ids, np.int32)}, start, lambda: [])
+        assert seen[-1].tolist() == ids + [start]
+    graph, out, own, head = cache.graphs[("trunk", 2)]
+    assert head.tolist() == [8, 4, 4]
+
+

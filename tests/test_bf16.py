@@ -73,7 +73,7 @@ def test_bf16_resident_equals_widened_float32_bitwise(which, dense_bf16):
 def test_bf16_engine_keeps_matrices_as_bf16_bits(dense_bf16):
     e = Engine(dense_bf16, "cpu", weights="bf16")
     assert e.embed.dtype == np.uint16 and e.lm_head is e.embed  # tied: one bf16 table
-    mats = {"qkvz", "ba", "out", "qkv", "o", "gu", "down"}
+    mats = {"qkvzba", "out", "qkv", "o", "gu", "down"}
     for L in e.layers:
         assert {k for k, v in L.items() if getattr(v, "dtype", None) == np.uint16} == mats & set(L), sorted(L)
         assert all(v.dtype == np.float32 for k, v in L.items() if isinstance(v, np.ndarray) and k not in mats)

@@ -147,7 +147,7 @@ def test_engine_mode_rounds_gemm_weights_only(engines):
     e32, e16 = engines
     assert e32.mode == "exact" and e16.mode == "exact-bf16"
     L32, L16 = e32.layers[0], e16.layers[0]
-    for key in ("qkvz", "out", "gu", "down"):
+    for key in ("qkvzba", "out", "gu", "down"):
         np.testing.assert_array_equal(L16[key], round_bf16(L32[key]))
         assert (bits(L16[key]) & 0xFFFF == 0).all()
     np.testing.assert_array_equal(L16["in_norm"], L32["in_norm"])  # norms stay as loaded

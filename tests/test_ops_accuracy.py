@@ -584,15 +584,15 @@ def test_conv1d_silu(C, K, R):
 def test_gdn_prep(hk, nv, dk, R):
     rng = np.random.default_rng(hk + nv + dk + R)
     kd = hk * dk
-    QKV, BA = rnd(rng, R, 2 * kd + nv * 8), rnd(rng, R, 2 * nv, scale=2.0)
+    QKV, BA = rnd(rng, R, 2 * kd + nv * 8), rnd(rng, R, 3 + 2 * nv, scale=2.0)  # b ‖ a from column 3
     A_log, dt_bias = np.log(rng.uniform(1, 16, nv)).astype(F32), rng.uniform(-1, 1, nv).astype(F32)
     qscale = F32(1 / math.sqrt(dk))
     Qn, Kn = np.zeros((R, kd), F32), np.zeros((R, kd), F32)
     beta, g = np.zeros((R, nv), F32), np.zeros((R, nv), F32)
-    cpu.gdn_prep(QKV, kd, hk, dk, BA, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R)
+    cpu.gdn_prep(QKV, kd, hk, dk, BA, 3, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R)
     q = QKV[:, :kd].reshape(R, hk, dk).astype(F64)
     k = QKV[:, kd:2 * kd].reshape(R, hk, dk).astype(F64)
-    b, a = BA[:, :nv].astype(F64), BA[:, nv:].astype(F64)
+    b, a = BA[:, 3:3 + nv].astype(F64), BA[:, 3 + nv:].astype(F64)
     check_op("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}-R{R}", [
         ("q", Qn, (ref.l2_norm(q) / math.sqrt(dk)).reshape(R, kd)),
         ("k", Kn, ref.l2_norm(k).reshape(R, kd)),

@@ -32,10 +32,11 @@ from harness.atomic import write_text_atomic  # noqa: E402
 
 
 @contextlib.contextmanager
-def _api_timer(events=None):
+def _api_timer(events=None, py=()):
     """{driver function name: [calls, seconds]} of the numba driver calls made inside, the graph
     launches (``graph_launch``) among them; ``events``: a list that also gets (name, start,
-    end) perf_counter stamps of each call."""
+    end) perf_counter stamps of each call. ``py``: (object, method name) pairs timed too, as
+    ``py:NAME`` (the engine's host-side pieces of a step)."""
     from numba.cuda.cudadrv.driver import driver
 
     from numba_kernels import launch
@@ -70,9 +71,13 @@ def _api_timer(events=None):
         setattr(driver, fname, timed(fname, f))
         return getattr(driver, fname)
     driver._cuda_python_wrap_fn = wrap
+    for obj, name in py:
+        setattr(obj, name, timed("py:" + name, getattr(obj, name)))
     try:
         yield calls
     finally:
+        for obj, name in py:
+            delattr(obj, name)  # the instance attribute: the class's method again
         launch.Graph.replay = replay
         del driver._cuda_python_wrap_fn
         for n, f in wrapped.items():
@@ -158,7 +163,9 @@ def main(argv=None) -> int:
 
         if args.api_times:  # each driver call numba makes, timed (a synchronous copy includes the wait)
             ev, bounds = [], []
-            with _api_timer(ev) as calls:
+            py = [(eng, n) for n in ("check_ids", "_check_session", "_flags", "_raise_nonfinite")] + \
+                [(eng.steps, "run"), (B, "clone"), (B, "download")]
+            with _api_timer(ev, py) as calls:
                 for _ in range(args.reps):
                     t0 = time.perf_counter()
                     whole()

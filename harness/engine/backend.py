@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
+import weakref
 
 import numpy as np
 
@@ -56,12 +57,6 @@ class CpuBackend:
     def mapped_zeros(self, shape, dtype=np.int32):
         return np.zeros(shape, dtype)
 
-    def pinned_empty(self, shape, dtype=np.int32):
-        return np.empty(shape, dtype)
-
-    def upload_async(self, dst, src):
-        dst[...] = src
-
     def download(self, a):
         return np.array(a, copy=True)
 
@@ -102,7 +97,6 @@ class CudaBackend:
         # simulator through numba's device arrays
         self._drv = None if kcuda.SIMULATED else _raw_driver()
         self._pin = threading.local()  # per host thread: a pinned staging buffer for downloads
-        self._legacy = None  # numba's handle on the legacy default stream (upload_async)
 
     def device_name(self) -> str:
         d = self.cuda.get_current_device()
@@ -127,22 +121,6 @@ class CudaBackend:
     def upload(self, a):
         return self.cuda.to_device(np.ascontiguousarray(a))
 
-    def pinned_empty(self, shape, dtype=np.int32):
-        """A host array in pinned memory (the source of :meth:`upload_async`)."""
-        return self.cuda.pinned_array(shape, dtype)
-
-    def upload_async(self, dst, src):
-        """Copy host ``src`` (pinned, from :meth:`pinned_empty`, same shape and dtype) into device
-        ``dst`` asynchronously on the legacy default stream: ordered before every later launch
-        and copy there, the host not waiting. ``src`` must stay unchanged until the next
-        synchronising call."""
-        if self._drv is None or not _contiguous(dst):
-            dst.copy_to_device(src)
-        elif src.size:
-            if self._legacy is None:
-                self._legacy = self.cuda.legacy_default_stream()
-            self._drv.host_to_device(dst, src, src.nbytes, stream=self._legacy)
-
     def mapped_zeros(self, shape, dtype=np.int32):
         """Zeros in host memory the kernels address directly (pinned and mapped): the host reads
         it after a synchronising call and writes it between steps, with no driver copy."""
@@ -151,19 +129,63 @@ class CudaBackend:
         return a
 
     def download(self, a):
-        """``a`` on the host (a new array). A contiguous array goes through this thread's pinned
-        staging buffer (one driver copy at pinned speed, then a host copy); others through numba."""
+        """``a`` on the host, in memory the caller owns. A contiguous array of PINNED_MIN_BYTES to
+        POOL_MAX_BYTES comes back in one of this thread's pooled pinned buffers: one driver copy
+        at pinned speed, no host copy (a 3 MB verify step's logits: ~0.27 ms of host copy saved
+        on the H200's host). A pooled buffer is written again only once nothing outside the pool
+        refers to it (:meth:`_pooled`), so an array the caller keeps is never overwritten; with
+        every pooled buffer held, larger ones through this thread's pinned staging buffer (one
+        driver copy, then a host copy into a new array); others through numba."""
         if self._drv is None or not _contiguous(a) or a.nbytes < PINNED_MIN_BYTES:
             if self._drv is not None and _contiguous(a) and a.size:
                 out = np.empty(a.shape, a.dtype)
                 self._drv.device_to_host(out, a, a.nbytes)
                 return out
             return a.copy_to_host()
+        entry = self._pooled(a.nbytes) if a.nbytes <= POOL_MAX_BYTES else None
+        if entry is not None:
+            return self._hand_out(entry, a)
         pin = getattr(self._pin, "buf", None)
         if pin is None or pin.size < a.nbytes:
             pin = self._pin.buf = self.cuda.pinned_array(max(a.nbytes, 2 * (0 if pin is None else pin.size)), np.uint8)
         self._drv.device_to_host(pin, a, a.nbytes)
         return pin[:a.nbytes].view(a.dtype).reshape(a.shape).copy()
+
+    def _pooled(self, nbytes):
+        """A pooled entry ``[pinned uint8 buffer, weak reference]`` of this thread with at least
+        ``nbytes`` that nothing handed out refers to any more (its weak reference to the last
+        handout's anchor, :func:`_anchor`, is dead); a new one while the pool has fewer than
+        POOL_BUFFERS; else None."""
+        pool = self._pin.__dict__.setdefault("pool", [])
+        small = None
+        for i, entry in enumerate(pool):
+            if entry[1] is None or entry[1]() is None:
+                if entry[0].nbytes >= nbytes:
+                    return entry
+                small = i
+        if len(pool) >= POOL_BUFFERS and small is None:
+            return None
+        entry = [self.cuda.pinned_array(max(nbytes, POOL_MIN_BYTES), np.uint8), None]
+        if small is None:
+            pool.append(entry)
+        else:
+            pool[small] = entry  # free but too small: replaced by a larger one
+        return entry
+
+    def _hand_out(self, entry, a):
+        """Download ``a`` into the pooled ``entry`` and return it as a new array over that
+        memory; the entry stays held while anything of it is alive (an anchor that cannot be
+        watched keeps it held for good: the staging path serves from then on)."""
+        buf = entry[0]
+        self._drv.device_to_host(buf, a, a.nbytes)
+        out = np.frombuffer(memoryview(buf), a.dtype, a.size).reshape(a.shape)
+        anchor = _anchor(out)
+        try:
+            held = weakref.ref(anchor)
+        except TypeError:
+            held = None
+        entry[1] = held if held is not None and anchor is not _anchor(buf) else (lambda: True)
+        return out
 
     def copy_into(self, dst, src):
         on_device = getattr(src, "__cuda_memory__", False)
@@ -187,6 +209,20 @@ class CudaBackend:
 
 
 PINNED_MIN_BYTES = 1 << 16  # downloads from this size on go through pinned memory
+POOL_BUFFERS = 4  # per host thread: pinned buffers handed out by downloads
+POOL_MIN_BYTES = 1 << 20  # a pooled buffer's least size
+POOL_MAX_BYTES = 1 << 23  # larger downloads go through the staging buffer (no pinned memory kept for them)
+
+
+def _anchor(handout):
+    """The first object of ``handout``'s ``base`` chain that is not an array: every array, view
+    or memoryview of the handed-out memory refers to it (numpy points a view's ``base`` at the
+    first array of the chain that owns its data or whose base is no array, and a memoryview at
+    its exporter), so while anything of it is alive, so is the anchor."""
+    o = handout
+    while isinstance(o, np.ndarray) and o.base is not None:
+        o = o.base
+    return o
 
 
 def _contiguous(a) -> bool:

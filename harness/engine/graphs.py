@@ -3,8 +3,9 @@
 A step is a body of kernel launches only (no copies, no synchronisation) over named inputs.
 Steps of at most :data:`GRAPH_MAX_ROWS` rows (decode, verify, MTP drafts) are captured once per
 cache and replayed (CUDA graphs): one graph launch instead of ~15 launches per layer from
-Python. The position then lives on the device (int32, uploaded with the step's token ids in
-one copy), so one capture serves every position. Larger steps, and every step on a backend that
+Python. The position then lives on the device (int32, beside the step's token ids: the host
+writes both into mapped memory and the graph's first kernel copies them in), so one capture
+serves every position. Larger steps, and every step on a backend that
 cannot capture (cpu), run eagerly with the position as a scalar. A replay launches the same
 kernels on the same inputs as the eager run: the same bits.
 
@@ -50,30 +51,35 @@ class StepRunner:
         allocating what it needs); the second captures the body with its own copies of the
         inputs; every later call copies the new inputs into those copies and replays. A
         capture's position and token ids (input ``ids``) share one int32 buffer, ``[pos, ids...]``,
-        so a replay uploads both in one asynchronous copy from pinned memory (the caller
-        synchronises before the next replay: every step downloads its logits). ``keep()``: the
-        buffers a capture reads or writes besides its inputs, kept alive as long as the graph."""
+        which the graph's first kernel (``copy_i32``) fills from a twin in mapped host memory:
+        a replay writes the host side and launches, no copy call (the caller synchronises
+        before the next replay: every step downloads its logits). ``keep()``: the buffers a
+        capture reads or writes besides its inputs, kept alive as long as the graph."""
         if key is None:
             return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
         B = self.B
         g = cache.graphs.get(key)
         if g is None and key in cache.graph_seen:
             io = B.empty((1 + (len(inputs["ids"]) if "ids" in inputs else 0),), np.int32)
+            head = B.mapped_zeros(io.shape, np.int32)
             own = {n: io[1:] if n == "ids" else B.empty(v.shape, v.dtype) for n, v in inputs.items()}
-            graph, out = self.ops.capture(lambda: body(own, 0, io[0:1]), [io, *keep(), *own.values()])
-            g = cache.graphs[key] = (graph, out, own, io, B.pinned_empty(io.shape, np.int32))
+
+            def step():
+                self.ops.copy_i32(head, io, io.shape[0])
+                return body(own, 0, io[0:1])
+            graph, out = self.ops.capture(step, [io, head, *keep(), *own.values()])
+            g = cache.graphs[key] = (graph, out, own, head)
         if g is None:
             cache.graph_seen.add(key)
             B.copy_into(self.pos, np.array([start], np.int32))
             return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
-        graph, out, own, io, head = g
-        head[0] = start  # pinned: the previous replay's upload of it ended with that step's download
+        graph, out, own, head = g
+        head[0] = start  # mapped: the previous replay read it before that step's download returned
         for n, v in inputs.items():
             if n == "ids":
                 head[1:] = v
             else:
                 B.copy_into(own[n], v)
-        B.upload_async(io, head)
         graph.replay()
         return out
 

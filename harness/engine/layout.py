@@ -101,7 +101,7 @@ def gdn_projections(cfg: ModelConfig, t: dict, a: str) -> tuple:
 
 def prepare_layer(cfg: ModelConfig, t: dict, p: str, kind: str, moe: bool, upload, lin=None) -> dict:
     """One decoder layer (tensor prefix ``p``) as a dict: ``kind``, ``moe``, ``name``,
-    ``in_norm``, ``post_norm``; DeltaNet ``qkvz`` [q‖k‖v‖z, H], ``ba`` [b‖a, H], ``conv``,
+    ``in_norm``, ``post_norm``; DeltaNet ``qkvzba`` [q‖k‖v‖z‖b‖a, H] (one GEMV), ``conv``,
     ``A_log``, ``dt_bias``, ``norm``, ``out``; or attention ``qkv`` [queries‖gates‖K‖V, H],
     ``q_norm``, ``k_norm``, ``o``; then a dense MLP ``gu`` [gate‖up, H], ``down``, ``inter``, or
     MoE ``router``, ``G2``/``U2`` [E·I, H], ``D2`` [E·H, I], ``shared`` and, with a shared
@@ -113,7 +113,7 @@ def prepare_layer(cfg: ModelConfig, t: dict, p: str, kind: str, moe: bool, uploa
     if kind == LINEAR:
         a = p + "linear_attn."
         qkvz, ba = gdn_projections(cfg, t, a)
-        L.update(qkvz=lin(qkvz), ba=lin(ba),
+        L.update(qkvzba=lin(np.concatenate([qkvz, ba])),
                  conv=up(t[a + "conv1d.weight"]), A_log=up(t[a + "A_log"]),
                  dt_bias=up(t[a + "dt_bias"]), norm=up(t[a + "norm.weight"]),
                  out=lin(t[a + "out_proj.weight"]))

@@ -162,19 +162,18 @@ class Engine:
         cfg, ops, ws = self.cfg, self.ops, self.ws
         kd, vd, cd, nv = cfg.key_dim, cfg.value_dim, cfg.conv_dim, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        qkvz = ws("qkvz", R, cd + vd)
-        ops.linear(h, L["qkvz"], qkvz, R)
-        self._tap("qkvz", qkvz)
-        ba = ws("ba", R, 2 * nv)
-        ops.linear(h, L["ba"], ba, R)
-        self._tap("ba", ba)
+        nz = cd + vd  # one projection: q‖k‖v‖z, then b‖a from column nz
+        qkvz = ws("qkvz", R, nz + 2 * nv)
+        ops.linear(h, L["qkvzba"], qkvz, R)
+        self._tap("qkvz", qkvz, c1=nz)
+        self._tap("ba", qkvz, c0=nz)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
         mixed = ws("mixed", R, cd)
         ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
         self._tap("conv", mixed)
         qn, kn = ws("qn", R, kd), ws("kn", R, kd)
         beta, g = ws("beta", R, nv), ws("g", R, nv)
-        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, ba, nv, L["A_log"], L["dt_bias"],
+        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, qkvz, nz, nv, L["A_log"], L["dt_bias"],
                      F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
         for name, a in (("gdn_q", qn), ("gdn_k", kn), ("beta", beta), ("g", g)):
             self._tap(name, a)

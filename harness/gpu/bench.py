@@ -296,7 +296,7 @@ def gemm_rates(eng, timer, rows=4096, seed=0):
     B, ops, rng = eng.B, eng.ops, np.random.default_rng(seed)
     gdn = eng.layers[eng.cfg.gdn_layers[0]]
     att = next(L for L in eng.layers if L["kind"] != gdn["kind"])
-    shapes = {"qkvz": gdn["qkvz"], "out": gdn["out"], "mlp_gate_up": gdn["gu"], "mlp_down": gdn["down"],
+    shapes = {"qkvz": gdn["qkvzba"], "out": gdn["out"], "mlp_gate_up": gdn["gu"], "mlp_down": gdn["down"],
               "attn_qkv": att["qkv"], "attn_o": att["o"]}
     res, flops, secs = {}, 0, 0.0
     for name, W in shapes.items():

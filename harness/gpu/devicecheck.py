@@ -113,9 +113,9 @@ def op_cases(rng, full: bool = True):
     for hk, nv, dk, dv, R in (gd if full else gd[-1:]):
         kd = hk * dk
         add("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}-R{R}",
-            (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 2 * nv), nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
-             _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32), np.zeros((R, kd), F32), np.zeros((R, nv), F32),
-             np.zeros((R, nv), F32), R), [9, 10, 11, 12])
+            (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 7 + 2 * nv), 7, nv,
+             np.log(rng.uniform(1, 16, nv)).astype(F32), _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32),
+             np.zeros((R, kd), F32), np.zeros((R, nv), F32), np.zeros((R, nv), F32), R), [10, 11, 12, 13])
         q = _r(rng, R, kd, scale=dk ** -0.5)
         k = _r(rng, R, kd, scale=dk ** -0.5)
         add("gdn_recurrence", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}",
@@ -182,6 +182,7 @@ def op_cases(rng, full: bool = True):
     bad = _r(rng, 4, 33)
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
+    add("copy_i32", "n9", (rng.integers(-2 ** 31, 2 ** 31, 9).astype(np.int32), np.zeros(10, np.int32), 9), [1])
     # the trace's row hash (harness bisect): a logits-wide row, many rows, the k routed experts of
     # a token as one traced row (m > 1), a column window, chained onto earlier hashes
     hashes = rng.integers(0, 2 ** 63, (4096, 3), dtype=np.uint64)

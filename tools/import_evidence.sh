@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Bring a device run's evidence into receipts/ (run here, from the repository root, after the
+# device tool returned the results): the unpacked results/ of tools/device_evidence.sh (with
+# MODE_BF16=1) and, optionally, that of `tools/device_run.sh OUTDIR bench`.
+#   bash tools/import_evidence.sh EVIDENCE_RESULTS_DIR [BENCH_RESULTS_DIR]
+# The CPU receipts recorded in the same run (the own-checkpoint golden, the exact-bf16 tiny CPU
+# matrix) replace the committed ones only when their digests equal them (harness diff); then the
+# plots of the default and stdlib receipts are drawn here. Update receipts/device/PROVENANCE.md
+# and the README's GPU-evidence and performance sections by hand, then run `harness evidence`.
+set -euo pipefail
+ev=${1:?usage: tools/import_evidence.sh EVIDENCE_RESULTS_DIR [BENCH_RESULTS_DIR]}
+bench=${2:-}
+h=".venv/bin/python -m harness.cli"
+[ -x .venv/bin/python ] || h="python3 -m harness.cli"
+dev=receipts/device
+for m in default stdlib tiny-q35-bf16 tiny-q35-f32 tiny-w2 tiny-exact-bf16; do
+  cp "$ev/h200-$m.json" "$ev/h200-$m.csv" "$dev/"
+done
+cp "$ev/own-cuda.json" "$dev/h200-own.json"
+cp "$ev/own-cuda.csv" "$dev/h200-own.csv"
+cp "$ev/h200-device-check.json" "$ev/h200-walker.json" "$dev/"
+cp "$ev/device-check.log" "$ev/device-walker.log" "$ev/diffs.txt" "$ev/nvidia-smi.txt" "$dev/logs/"
+sort "$ev/jobs.txt" > "$dev/logs/jobs.txt"
+cp "$ev"/h200-bisect-tiny-*.json receipts/bisect/
+same() {  # a CPU receipt of the run replaces the committed one only with equal digests
+  $h diff --digests-only "$2" "$1" > /dev/null || { echo "import_evidence: $1 differs from $2: not copied" >&2; return 1; }
+  cp "$1" "$2"
+  cp "${1%.json}.csv" "${2%.json}.csv"
+}
+same "$ev/own-cpu.json" receipts/own/cpu.json
+same "$ev/cpu-tiny-exact-bf16.json" receipts/exact-bf16/cpu-tiny.json
+MPLBACKEND=Agg $h plot "$dev/h200-default.json" > /dev/null
+MPLBACKEND=Agg $h plot "$dev/h200-stdlib.json" > /dev/null
+if [ -n "$bench" ]; then
+  cp "$bench/h200-bench.json" receipts/bench/
+  cp "$bench/bench.log" receipts/bench/h200-bench.log
+  [ -f "$bench/h200-bench.prime_curve.png" ] && cp "$bench/h200-bench.prime_curve.png" receipts/bench/
+fi
+git status --short receipts
