@@ -67,6 +67,20 @@ def test_token_id_out_of_range(eng, bad, tid, index):
     eng.decode_step(sess, 3)  # still usable
 
 
+def test_check_ids_short_lists_as_arrays(eng):
+    """A short list of Python ints takes the fast check: the same ids and the same errors as the
+    numpy path (arrays, longer lists, other element types)."""
+    for ids in ([0], [259, 1, 7], list(range(64)), list(range(65)), [np.int64(4), 5]):
+        got = eng.check_ids(ids)
+        assert got.dtype == np.int32 and got.tolist() == eng.check_ids(np.array(ids)).tolist() == [int(t) for t in ids]
+    for bad, msg in (([3, 2 ** 40], "token id 1099511627776 at index 1 is out of range"),
+                     ([1.0], "token ids must be integers"),
+                     ([[1, 2]], "expected a flat list")):
+        for form in (bad, np.array(bad)):
+            with pytest.raises(InputError, match=msg):
+                eng.check_ids(form)
+
+
 def test_empty_prompt(eng):
     sess = eng.new_session(8)
     for empty in ([], np.array([], dtype=np.int64)):

@@ -135,6 +135,15 @@ class Engine:
         return Session(Cache(self, int(max_ctx)), session_id=int(session_id))
 
     def check_ids(self, ids, what="prompt"):
+        """``ids`` as int32 after checking them (a flat, non-empty list of integers in the
+        vocabulary; else :class:`InputError`). A short list of Python ints -- a decode or verify
+        step's -- is checked without numpy (a few µs on the step's critical path)."""
+        if type(ids) is list and 0 < len(ids) <= 64 and all(type(t) is int for t in ids):
+            V = self.cfg.vocab_size
+            for i, t in enumerate(ids):
+                if not 0 <= t < V:
+                    raise InputError(f"{what}: token id {t} at index {i} is out of range for vocab_size {V}")
+            return np.array(ids, np.int32)
         ids = np.asarray(ids)
         if ids.ndim != 1:
             raise InputError(f"{what}: expected a flat list of token ids, got shape {ids.shape}")
@@ -306,7 +315,7 @@ class Engine:
         """After the call's synchronous logits download: raise if a flag is set."""
         if flags is None:
             return
-        f = np.array(flags, copy=True)
+        f = flags.view(np.ndarray)  # mapped host memory, written by the finished step
         self._flags_read = True
         if f.any():
             where = names[int(np.flatnonzero(f)[0])]
