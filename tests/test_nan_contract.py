@@ -3,6 +3,7 @@ not (the GPU's fma returns 0x7fffffff, the CPU propagates an input's payload); e
 every device-check comparison sees one canonical NaN."""
 
 import numpy as np
+import pytest
 
 from harness.engine.digests import CANONICAL_NAN, cache_digest, canonical_f32, logits_digest
 
@@ -45,3 +46,24 @@ def test_the_cpu_twin_puts_nans_where_the_reference_does():
     ref = X.astype(np.float64) @ W.astype(np.float64).T
     assert np.array_equal(np.isnan(out), np.isnan(ref))
     assert np.array_equal(np.isinf(out), np.isinf(ref))
+
+
+def test_flags_read_in_place_without_the_device_array_view():
+    """The engine reads its NaN/Inf flags as a plain ndarray view: numba's mapped arrays (host
+    memory the kernels write) override ``view`` with the device array's, which fails on them."""
+    from harness.engine.model import Engine
+    from harness.engine.weights import load_checkpoint
+    from harness.errors import NumericError
+    from harness.models import default_model_path
+
+    class Mapped(np.ndarray):  # like numba's MappedNDArray: a device array's ``view``
+        def view(self, *a, **k):
+            raise AttributeError("'MappedNDArray' object has no attribute 'is_c_contiguous'")
+
+    eng = Engine(load_checkpoint(default_model_path()), "cpu")
+    sess = eng.new_session(8)
+    flags = np.zeros(len(eng.layers) + 3, np.int32).view(Mapped)
+    eng._raise_nonfinite(sess, flags, ["a", "b"])  # all clear: no error
+    flags[1] = 1
+    with pytest.raises(NumericError, match="b produced NaN or Inf"):
+        eng._raise_nonfinite(sess, flags, ["a", "b"])

@@ -315,7 +315,8 @@ class Engine:
         """After the call's synchronous logits download: raise if a flag is set."""
         if flags is None:
             return
-        f = flags.view(np.ndarray)  # mapped host memory, written by the finished step
+        f = np.ndarray.view(flags, np.ndarray)  # mapped host memory, written by the finished step
+        # (numpy's own view: numba's mapped array overrides ``view`` with the device array's)
         self._flags_read = True
         if f.any():
             where = names[int(np.flatnonzero(f)[0])]
