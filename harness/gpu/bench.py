@@ -357,7 +357,7 @@ def spec_run(eng, prompt, k, new_tokens=64):
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
     plain, _ = steady(lambda s: continue_plain(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens))
     d_s, v_s = [], []
-    for _ in range(5):  # the first passes may compile or capture a step: the median of the last 3
+    for _ in range(9):  # the first passes may compile or capture a step: the median of the last 7
         snap = sess.cache.snapshot()
         c = sess.cache
         hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
