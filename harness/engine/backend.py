@@ -133,9 +133,10 @@ class CudaBackend:
         POOL_MAX_BYTES comes back in one of this thread's pooled pinned buffers: one driver copy
         at pinned speed, no host copy (a 3 MB verify step's logits: ~0.27 ms of host copy saved
         on the H200's host). A pooled buffer is written again only once nothing outside the pool
-        refers to it (:meth:`_pooled`), so an array the caller keeps is never overwritten; with
-        every pooled buffer held, larger ones through this thread's pinned staging buffer (one
-        driver copy, then a host copy into a new array); others through numba."""
+        refers to it (:meth:`_pooled`), so an array the caller keeps is never overwritten. Larger
+        arrays, and any while every pooled buffer is held, go through this thread's pinned
+        staging buffer (one driver copy, then a host copy into a new array); others through
+        numba."""
         if self._drv is None or not _contiguous(a) or a.nbytes < PINNED_MIN_BYTES:
             if self._drv is not None and _contiguous(a) and a.size:
                 out = np.empty(a.shape, a.dtype)
