@@ -6,11 +6,13 @@ Per row (or head) of n values: ``inv = 1 / sqrt(dot(x, x) / n + eps)`` in float3
 rounded to float32 first, whatever the caller passes), the dot in the canonical order; then each
 output is ``x·inv·(1 + w)`` (``norm_span``) or ``x·inv·w·silu(z)`` (``gated_norm_head``).
 
-CUDA: one block per row (``rmsnorm``) or per (row, head) (the head norms). The block computes
-the canonical dot with :func:`block_sumsq`: thread t runs slice t's fma chain straight from
-global memory (a full slice's 32 loads unrolled and issued together), the partials meet in
-shared memory, and thread 0 adds them in slice order -- the same operations in the same order as
-one thread doing it all. Then every thread writes its share of the outputs.
+CUDA: one block per row (``rmsnorm``, ``add_rmsnorm``: :func:`slice_norm_row`) or per (row,
+head) (the head norms: :func:`block_sumsq`). Both compute the canonical dot with a thread per
+slice: thread t runs slice t's fma chain (a full slice's 32 loads issued together), the partials
+meet in shared memory, and thread 0 adds them in slice order -- the same operations in the same
+order as one thread doing it all. Then every thread writes its share of the outputs. The row
+norms size the block to the row (a thread per slice, up to RMS_THREADS) and keep a slice's sums
+and weights in registers from the loads to the outputs: one round of global loads per row.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, sil
 from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
-RMS_THREADS = 512  # rmsnorm's block: a row, few outputs per thread (block_size: 32 under the simulator)
+RMS_THREADS = 512  # the row norms' largest block: a thread per slice, rows of more slices in passes (block_size: 32 under the simulator)
 PS_WORDS = 513  # block_sumsq's shared partials: one per thread of the largest block, and the total
+WARP_SLICES = 32 * SLICE  # the values of a warp's slices: a row norm's block has a warp per WARP_SLICES values
 assert PS_WORDS > max(NORM_THREADS, RMS_THREADS)
 
 
@@ -108,6 +111,79 @@ def gated_norm_head(X, Z, zo, D, w, eps, out, r, h):
     gated_span(X, Z, zo, D, w, rms_inv(X, r, h * D, D, eps), out, r, h, 0, 1)
 
 
+@body
+def add_partials8(acc, parts, m):
+    """:func:`add_partials` with the loads of eight partials issued before their adds (the
+    same additions in the same order)."""
+    s = 0
+    while s + 8 <= m:
+        p0, p1, p2, p3 = parts[s], parts[s + 1], parts[s + 2], parts[s + 3]
+        p4, p5, p6, p7 = parts[s + 4], parts[s + 5], parts[s + 6], parts[s + 7]
+        acc = add_partial(add_partial(add_partial(add_partial(acc, p0), p1), p2), p3)
+        acc = add_partial(add_partial(add_partial(add_partial(acc, p4), p5), p6), p7)
+        s += 8
+    return add_partials(acc, parts[s:], m - s)
+
+
+@body
+def slice_norm_row(X, D, add, w, eps, out, oo, r, t, nt, ps, N):
+    """Row r of the CUDA ``rmsnorm`` (``add`` False) or ``add_rmsnorm`` (``add`` True: X[r] +=
+    D[r] first) by the ``nt`` threads of one block, this one ``t``; returns whether this thread
+    saw a non-finite sum. Thread t owns slice t of each pass of ``nt`` slices: it loads the
+    slice's x (and d) and w together, adds, writes the sums back, and runs the slice's fma chain
+    on them from registers; thread 0 adds the pass's partials in slice order
+    (:func:`add_partials8`) -- the canonical dot, as :func:`rms_inv`. In a one-pass row the
+    outputs come from the same registers; otherwise each pass's slice is read again. ``ps``:
+    shared float32 [PS_WORDS] (more than ``nt``). Every thread of the block calls it (barriers)."""
+    ns = (N + SLICE - 1) // SLICE
+    one = ns <= nt  # one pass: a full slice's values stay in registers for the outputs
+    v = cuda.local.array(SLICE, np.float32)
+    wv = cuda.local.array(SLICE, np.float32)
+    bad = False
+    acc = ZERO
+    for c0 in range(0, ns, nt):
+        s = c0 + t
+        if s < ns:
+            k0 = s * SLICE
+            if k0 + SLICE <= N:
+                for e in range(SLICE):
+                    v[e] = X[r, k0 + e]
+                if add:
+                    for e in range(SLICE):
+                        wv[e] = D[r, k0 + e]
+                    for e in range(SLICE):
+                        v[e] = v[e] + wv[e]
+                        X[r, k0 + e] = v[e]
+                        if nonfinite(v[e]):
+                            bad = True
+                if one:
+                    for e in range(SLICE):
+                        wv[e] = w[k0 + e]
+                ps[t] = fma_chain(v, v, SLICE, 0)
+            else:  # the row's ragged last slice, from global memory
+                if add:
+                    bad = add_span(X, D, r, k0, N, 1) or bad
+                ps[t] = sq_chain(X, r, k0, N - k0)
+        barrier()
+        if t == 0:
+            acc = add_partials8(acc, ps, min(nt, ns - c0))
+        barrier()
+    if t == 0:
+        ps[nt] = acc
+    barrier()
+    inv = rms_scale(ps[nt], N, eps)
+    for c0 in range(0, ns, nt):
+        s = c0 + t
+        if s < ns:
+            k0 = s * SLICE
+            if one and k0 + SLICE <= N:
+                for e in range(SLICE):
+                    out[r, oo + k0 + e] = norm_val(v[e], inv, wv[e])
+            else:
+                norm_span(X, r, k0, min(SLICE, N - k0), w[k0:], inv, out, oo + k0, 0, 1)
+    return bad
+
+
 @twin("rmsnorm")
 def rmsnorm_cpu(X, w, eps, out, oo, R):
     """Zero-centred RMSNorm over rows of X: [≥R, N]: out[r, oo + i] = x·inv·(1 + w)."""
@@ -118,18 +194,15 @@ def rmsnorm_cpu(X, w, eps, out, oo, R):
 
 @kernel
 def rmsnorm_k(X, w, eps, out, oo, R):
-    """One block per row (:func:`block_sumsq`)."""
-    r = cuda.blockIdx.x
-    ps = cuda.shared.array(PS_WORDS, np.float32)
-    N = X.shape[1]
-    inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    """One block per row (:func:`slice_norm_row`, no add)."""
+    slice_norm_row(X, X, False, w, eps, out, oo, cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x,
+                   cuda.shared.array(PS_WORDS, np.float32), X.shape[1])
 
 
 @launcher("rmsnorm")
 def rmsnorm_cuda(X, w, eps, out, oo, R):
     """One block per row."""
-    launch(rmsnorm_k, R, block_size(RMS_THREADS), X, w, F32(eps), out, oo, R)
+    launch(rmsnorm_k, R, block_size(min(RMS_THREADS, (X.shape[1] + WARP_SLICES - 1) // WARP_SLICES * 32)), X, w, F32(eps), out, oo, R)
 
 
 @body
@@ -160,23 +233,16 @@ def add_rmsnorm_cpu(X, D, w, eps, out, oo, R, flags, slot):
 
 @kernel
 def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot):
-    """One block per row: the add (each thread its share, raising the flag on a non-finite sum,
-    then a barrier: the block's global writes are visible to all its threads after it), then
-    :func:`block_sumsq` as in rmsnorm."""
-    r = cuda.blockIdx.x
-    ps = cuda.shared.array(PS_WORDS, np.float32)
-    N = X.shape[1]
-    if add_span(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x) and slot >= 0:
+    """One block per row (:func:`slice_norm_row` with the add)."""
+    if slice_norm_row(X, D, True, w, eps, out, oo, cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x,
+                      cuda.shared.array(PS_WORDS, np.float32), X.shape[1]) and slot >= 0:
         flags[slot] = 1
-    barrier()
-    inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("add_rmsnorm")
 def add_rmsnorm_cuda(X, D, w, eps, out, oo, R, flags, slot):
     """One block per row."""
-    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R, flags, slot)
+    launch(add_rmsnorm_k, R, block_size(min(RMS_THREADS, (X.shape[1] + WARP_SLICES - 1) // WARP_SLICES * 32)), X, D, w, F32(eps), out, oo, R, flags, slot)
 
 
 @twin("head_rmsnorm")

@@ -136,6 +136,7 @@ def op_cases():
     # norms: column offsets, two-slice heads, rows and heads of more than one pass (a slice per
     # thread of the block and pass), a partial last slice
     case("rmsnorm", "R3-N70-oo70", (r(3, 70), r(70, scale=0.1), F32(1e-6), np.zeros((3, 140), F32), 70, 3), [3])
+    case("rmsnorm", "R2-N64", (r(2, 64), r(64, scale=0.1), F32(1e-6), np.zeros((2, 64), F32), 0, 2), [3])
     case("rmsnorm", "R1-N32800", (r(1, 32800), r(32800, scale=0.1), 1e-6, np.zeros((1, 32800), F32), 0, 1), [3])
     bad = r(4, 70)
     bad[2, 69] = np.nan  # flagged; the same NaN in the row past R is not
@@ -146,6 +147,8 @@ def op_cases():
                                               np.zeros(2, np.int32), 1), [0, 4, 7])
     case("add_rmsnorm", "R2-N2100", (r(2, 2100), r(2, 2100), r(2100, scale=0.1), 1e-6, np.zeros((2, 2100), F32), 0, 2,
                                      np.zeros(1, np.int32), -1), [0, 4, 7])
+    case("add_rmsnorm", "R2-N96", (r(2, 96), r(2, 96), r(96, scale=0.1), 1e-6, np.zeros((2, 96), F32), 0, 2,
+                                   np.zeros(1, np.int32), 0), [0, 4, 7])
     case("head_rmsnorm", "R2-H1-D1100", (r(2, 1100), 0, 1, 1100, r(1100, scale=0.1), F32(1e-6), np.zeros((2, 1100), F32),
                                          2), [6])
     case("head_rmsnorm", "R3-H2-D40-xo9", (r(3, 90), 9, 2, 40, r(40, scale=0.1), F32(1e-6), np.zeros((3, 80), F32), 3),
