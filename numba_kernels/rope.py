@@ -93,10 +93,10 @@ def qk_head_in(hq, D, h):
 
 
 @body
-def qk_head_span(QKV, hq, hkv, D, wq, wk, inv, half, cos, sin, p, Q, kc, vc, r, h, i0, step):
-    """Head h of row r (at position p), normed with ``inv``: a query head into Q[r]; KV head
-    j = h − hq into kc[p] and its V (unnormed) into vc[p]. Items in range(i0, ·, step)."""
-    xo = qk_head_in(hq, D, h)
+def qk_head_span(QKV, xo, hq, hkv, D, wq, wk, inv, half, cos, sin, p, Q, kc, vc, r, h, i0, step):
+    """Head h of row r (at position p; its input at QKV[r, xo:], :func:`qk_head_in`), normed with
+    ``inv``: a query head into Q[r]; KV head j = h − hq into kc[p] and its V (unnormed) into
+    vc[p]. Items in range(i0, ·, step)."""
     if h < hq:
         norm_rope_span(QKV, r, xo, D, wq, inv, half, cos, sin, p, Q, r, h * D, i0, step)
     else:
@@ -113,8 +113,9 @@ def qk_norm_rope_cpu(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, Q, kc,
     normed (``wk``) and rotated into kc[start + r], V copied into vc[start + r]."""
     for r in range(R):
         for h in range(hq + hkv):
-            inv = rms_inv(QKV, r, qk_head_in(hq, D, h), D, eps)
-            qk_head_span(QKV, hq, hkv, D, wq, wk, inv, half, cos, sin, start + r, Q, kc, vc, r, h, 0, 1)
+            xo = qk_head_in(hq, D, h)
+            inv = rms_inv(QKV, r, xo, D, eps)
+            qk_head_span(QKV, xo, hq, hkv, D, wq, wk, inv, half, cos, sin, start + r, Q, kc, vc, r, h, 0, 1)
 
 
 @kernel
@@ -126,8 +127,9 @@ def qk_norm_rope_k(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, pb, Q, k
     h = b - r * H
     ps = cuda.shared.array(PS_WORDS, np.float32)
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    inv = rms_scale(block_sumsq(QKV, r, qk_head_in(hq, D, h), D, ps, tid, nt), D, eps)
-    qk_head_span(QKV, hq, hkv, D, wq, wk, inv, half, cos, sin, start + pb[0] + r, Q, kc, vc, r, h, tid, nt)
+    xo = qk_head_in(hq, D, h)
+    inv = rms_scale(block_sumsq(QKV, r, xo, D, ps, tid, nt), D, eps)
+    qk_head_span(QKV, xo, hq, hkv, D, wq, wk, inv, half, cos, sin, start + pb[0] + r, Q, kc, vc, r, h, tid, nt)
 
 
 @launcher("qk_norm_rope")

@@ -6,8 +6,7 @@ the GIL with the threads it waits for. :func:`install` swaps in a condition-vari
 the same rule -- a barrier opens when every thread of the block that has not returned waits at
 it -- and the same error handling (a thread's exception aborts the block and is re-raised).
 Only scheduling changes: what each thread computes, and in which order the block's barriers
-separate its work, stay the simulator's. It also gives the simulator's mapped arrays the type
-they have on a GPU (:func:`_mapped_as_ndarray`).
+separate its work, stay the simulator's.
 """
 
 from __future__ import annotations
@@ -85,24 +84,4 @@ def install():
 
     k.BlockThread.syncthreads = syncthreads
     k.BlockManager.run = run
-    _mapped_as_ndarray()
 
-
-def _mapped_as_ndarray():
-    """Mapped host memory as numba has it on a GPU. There ``cuda.mapped_array`` returns a
-    MappedNDArray, an ``np.ndarray`` subclass the host reads and writes as memory and kernels
-    address directly (the engine's NaN/Inf flags and a captured step's position and ids live in
-    it, and the engine reads the flags with ``np.ndarray.view``); the simulator returns a
-    FakeCUDAArray, which is no ndarray. Here its mapped arrays are zeroed host ndarrays: its
-    kernels read and write them (it copies ndarray arguments in before a launch and back after),
-    so what the host sees between launches is what it sees on a GPU.
-
-    The engine at 23576c4 fails on the unpatched simulator's mapped arrays (a TypeError at
-    its first step's flag read); the fix belongs in the engine and lands with the next GPU
-    evidence refresh (it changes fingerprinted code)."""
-    from numba import cuda
-
-    def mapped_array(shape, dtype=np.float64, strides=None, order="C", stream=0, portable=False, wc=False):
-        return np.zeros(shape, dtype, order=order)
-
-    cuda.mapped_array = mapped_array

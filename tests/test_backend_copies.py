@@ -138,6 +138,40 @@ def test_pooled_downloads_never_overwrite_what_the_caller_holds():
     assert any(np.shares_memory(got, e[0]) for e in pool)
 
 
+def test_pooled_downloads_take_the_smallest_free_buffer_that_fits():
+    """Best fit: a small download leaves the large free buffer to the large one after it (a verify
+    step's logits after a decode step's), and a too-small free buffer stays for small ones while
+    the pool has room."""
+    rng = np.random.default_rng(2)
+    b = fake_backend()
+    FakeCuda.pinned = 0
+    small = rng.standard_normal((1, 300000)).astype(np.float32).view(FakeDev)  # 1.2 MB
+    large = rng.standard_normal((4, 300000)).astype(np.float32).view(FakeDev)  # 4.8 MB
+    del_me = b.download(large)
+    big_buf = b._pin.pool[0][0]
+    del del_me
+    got = b.download(small)  # fits the large free buffer (the only one): taken
+    assert np.shares_memory(got, big_buf) and FakeCuda.pinned == 1
+    del got
+    keep_small = b.download(small)
+    del keep_small
+    held_large = b.download(large)  # both free? the large buffer is the one that fits
+    assert np.shares_memory(held_large, big_buf)
+    s1 = b.download(small)  # the large one held: a new small buffer
+    assert not np.shares_memory(s1, big_buf) and FakeCuda.pinned == 2
+    small_buf = next(e[0] for e in b._pin.pool if np.shares_memory(s1, e[0]))
+    del s1, held_large
+    s2 = b.download(small)  # both free: the smallest that fits
+    assert np.shares_memory(s2, small_buf)
+    l2 = b.download(large)  # and the large one is still free for the large download
+    assert np.shares_memory(l2, big_buf) and FakeCuda.pinned == 2
+    del s2, l2
+    huge = rng.standard_normal((5, 300000)).astype(np.float32).view(FakeDev)  # 6 MB: fits neither
+    h = b.download(huge)  # a third buffer (room in the pool): the two smaller ones stay
+    assert len(b._pin.pool) == 3 and FakeCuda.pinned == 3
+    assert np.array_equal(h, np.asarray(huge))
+
+
 def test_mapped_flags():
     """The NaN/Inf flags and a captured step's inputs: zeroed mapped host memory."""
     b = fake_backend()

@@ -48,9 +48,12 @@ def test_the_cpu_twin_puts_nans_where_the_reference_does():
     assert np.array_equal(np.isinf(out), np.isinf(ref))
 
 
-def test_flags_read_in_place_without_the_device_array_view():
-    """The engine reads its NaN/Inf flags as a plain ndarray view: numba's mapped arrays (host
-    memory the kernels write) override ``view`` with the device array's, which fails on them."""
+@pytest.mark.parametrize("kind", ["gpu", "simulator"])
+def test_flags_read_in_place_without_the_device_array_view(kind):
+    """The engine reads its NaN/Inf flags in place through a plain ndarray over the mapped
+    memory: numba's mapped arrays on a GPU (an ndarray subclass) override ``view`` with the
+    device array's, which fails on them; the simulator's are no ndarray at all (FakeCUDAArray,
+    read through ``__array__``). Both kinds are read where the kernels wrote."""
     from harness.engine.model import Engine
     from harness.engine.weights import load_checkpoint
     from harness.errors import NumericError
@@ -60,10 +63,31 @@ def test_flags_read_in_place_without_the_device_array_view():
         def view(self, *a, **k):
             raise AttributeError("'MappedNDArray' object has no attribute 'is_c_contiguous'")
 
+    class Fake:  # like the simulator's FakeCUDAArray
+        def __init__(self, ary):
+            self._ary = ary
+
+        def __array__(self, dtype=None, copy=None):
+            return self._ary
+
+        def __setitem__(self, i, v):
+            self._ary[i] = v
+
     eng = Engine(load_checkpoint(default_model_path()), "cpu")
+    made = []
+
+    def mapped_zeros(shape, dtype):
+        z = np.zeros(shape, dtype)
+        made.append(z)
+        return z.view(Mapped) if kind == "gpu" else Fake(z)
+
+    eng.B.mapped_zeros = mapped_zeros
     sess = eng.new_session(8)
-    flags = np.zeros(len(eng.layers) + 3, np.int32).view(Mapped)
-    eng._raise_nonfinite(sess, flags, ["a", "b"])  # all clear: no error
-    flags[1] = 1
-    with pytest.raises(NumericError, match="b produced NaN or Inf"):
-        eng._raise_nonfinite(sess, flags, ["a", "b"])
+    flags = eng._flags()
+    eng._raise_nonfinite(sess, flags)  # all clear: no error
+    made[0][1] = 1  # a kernel's write
+    flags = eng._flags()  # the next call resets it
+    assert not made[0].any()
+    made[0][len(eng.layers)] = 1
+    with pytest.raises(NumericError, match="lm_head produced NaN or Inf"):
+        eng._raise_nonfinite(sess, flags)

@@ -84,6 +84,24 @@ def _api_timer(events=None, py=()):
             setattr(driver, n, f)
 
 
+SCHED = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}  # CU_CTX_SCHED_*
+
+
+def _ctx_flags(set_to=None):
+    """The current context's flags (cuCtxGetFlags), or, given ``set_to`` (a SCHED name or the
+    flags), cuCtxSetFlags's error code."""
+    try:
+        from cuda.bindings import driver as d
+    except ImportError:  # older cuda-python
+        from cuda import cuda as d
+    if set_to is None:
+        err, flags = d.cuCtxGetFlags()
+        return int(flags)
+    flags = SCHED[set_to] if isinstance(set_to, str) else set_to
+    (err,) = d.cuCtxSetFlags(flags)
+    return int(err)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -96,6 +114,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
     ap.add_argument("--api-times", action="store_true",
                     help="also time every driver call numba makes during the whole steps (calls and us per step)")
+    ap.add_argument("--sched", default="",
+                    help="also time the whole step under these context scheduling flags, comma-separated "
+                         "(auto, spin, yield, blocking: cuCtxSetFlags), restoring the first flags after")
     args = ap.parse_args(argv)
     from numba import cuda
 
@@ -146,6 +167,13 @@ def main(argv=None) -> int:
                 sess.cache.pos = snap  # stay inside the capacity (timing only)
 
         r = {"whole_us": timed(whole)}
+        if args.sched:  # how the host waits for the GPU (the step's host work after the wait)
+            r["ctx_flags"] = _ctx_flags()
+            r["whole_us_by_sched"] = {}
+            for name in args.sched.split(","):
+                err = _ctx_flags(name)
+                r["whole_us_by_sched"][name] = timed(whole) if err == 0 else f"cuCtxSetFlags error {err}"
+            _ctx_flags(r["ctx_flags"])
         if args.cprofile:  # where the host's share of a step goes
             import cProfile
             import io

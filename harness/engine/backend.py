@@ -155,19 +155,24 @@ class CudaBackend:
     def _pooled(self, nbytes):
         """A pooled entry ``[pinned uint8 buffer, weak reference]`` of this thread with at least
         ``nbytes`` that nothing handed out refers to any more (its weak reference to the last
-        handout's anchor, :func:`_anchor`, is dead); a new one while the pool has fewer than
-        POOL_BUFFERS; else None."""
+        handout's anchor, :func:`_anchor`, is dead): the smallest such (best fit, so a small
+        download does not hold the buffer a large one needs); else a new one, added while the
+        pool has fewer than POOL_BUFFERS, or replacing a free buffer too small; else None."""
         pool = self._pin.__dict__.setdefault("pool", [])
-        small = None
+        best = small = None
         for i, entry in enumerate(pool):
             if entry[1] is None or entry[1]() is None:
                 if entry[0].nbytes >= nbytes:
-                    return entry
-                small = i
+                    if best is None or entry[0].nbytes < best[0].nbytes:
+                        best = entry
+                else:
+                    small = i
+        if best is not None:
+            return best
         if len(pool) >= POOL_BUFFERS and small is None:
             return None
         entry = [self.cuda.pinned_array(max(nbytes, POOL_MIN_BYTES), np.uint8), None]
-        if small is None:
+        if len(pool) < POOL_BUFFERS:
             pool.append(entry)
         else:
             pool[small] = entry  # free but too small: replaced by a larger one
@@ -224,6 +229,13 @@ def _anchor(handout):
     while isinstance(o, np.ndarray) and o.base is not None:
         o = o.base
     return o
+
+
+def host_view(a) -> np.ndarray:
+    """Mapped host memory (:meth:`CudaBackend.mapped_zeros`) as a plain ndarray over the same
+    memory: numpy's own view of numba's mapped array (an ndarray subclass whose ``view`` is the
+    device array's), or the array the simulator's FakeCUDAArray wraps."""
+    return np.ndarray.view(a, np.ndarray) if isinstance(a, np.ndarray) else np.asarray(a)
 
 
 def _contiguous(a) -> bool:

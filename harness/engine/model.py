@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError, NumericError, PrimewalkError
 from . import bf16
-from .backend import get_backend
+from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
@@ -138,11 +138,11 @@ class Engine:
         """``ids`` as int32 after checking them (a flat, non-empty list of integers in the
         vocabulary; else :class:`InputError`). A short list of Python ints -- a decode or verify
         step's -- is checked without numpy (a few µs on the step's critical path)."""
+        V = self.cfg.vocab_size
         if type(ids) is list and 0 < len(ids) <= 64 and all(type(t) is int for t in ids):
-            V = self.cfg.vocab_size
             for i, t in enumerate(ids):
                 if not 0 <= t < V:
-                    raise InputError(f"{what}: token id {t} at index {i} is out of range for vocab_size {V}")
+                    self._id_out_of_range(what, t, i)
             return np.array(ids, np.int32)
         ids = np.asarray(ids)
         if ids.ndim != 1:
@@ -151,11 +151,13 @@ class Engine:
             raise InputError(f"{what} is empty")
         if not np.issubdtype(ids.dtype, np.integer):
             raise InputError(f"{what}: token ids must be integers")
-        bad = np.flatnonzero((ids < 0) | (ids >= self.cfg.vocab_size))
+        bad = np.flatnonzero((ids < 0) | (ids >= V))
         if bad.size:
-            raise InputError(f"{what}: token id {int(ids[bad[0]])} at index {int(bad[0])} is out of "
-                             f"range for vocab_size {self.cfg.vocab_size}")
+            self._id_out_of_range(what, int(ids[bad[0]]), int(bad[0]))
         return ids.astype(np.int32)
+
+    def _id_out_of_range(self, what, t, i):
+        raise InputError(f"{what}: token id {t} at index {i} is out of range for vocab_size {self.cfg.vocab_size}")
 
     def _check_session(self, sess, rows):
         if sess.cache.poisoned:
@@ -304,22 +306,24 @@ class Engine:
             return None
         if self._flag_buf is None:
             self._flag_buf = self.B.mapped_zeros((len(self.layers) + 3,), np.int32)
+            self._flag_host = host_view(self._flag_buf)
+            self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]
         else:
             if not self._flags_read:
                 self.B.synchronize()
-            self._flag_buf[...] = 0
+            self._flag_host[...] = 0
         self._flags_read = False
         return self._flag_buf
 
-    def _raise_nonfinite(self, sess, flags, names):
-        """After the call's synchronous logits download: raise if a flag is set."""
+    def _raise_nonfinite(self, sess, flags, names=None):
+        """After the call's synchronous logits download: raise if a flag is set (``names``: one
+        per flag slot; the trunk's layers and lm head when None)."""
         if flags is None:
             return
-        f = np.ndarray.view(flags, np.ndarray)  # mapped host memory, written by the finished step
-        # (numpy's own view: numba's mapped array overrides ``view`` with the device array's)
+        f = self._flag_host  # mapped host memory, written by the finished step
         self._flags_read = True
         if f.any():
-            where = names[int(np.flatnonzero(f)[0])]
+            where = (names or self._flag_names)[int(np.flatnonzero(f)[0])]
             sess.cache.poisoned = f"{where} produced NaN or Inf"
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
@@ -393,7 +397,7 @@ class Engine:
         # the hidden copy is queued behind the step before the logits' download waits for both
         hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
         out = self.B.download(logits)
-        self._raise_nonfinite(sess, flags, [L["name"] for L in self.layers] + ["lm_head"])
+        self._raise_nonfinite(sess, flags)
         c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
