@@ -49,7 +49,7 @@ def test_the_cpu_twin_puts_nans_where_the_reference_does():
 
 
 @pytest.mark.parametrize("kind", ["gpu", "simulator"])
-def test_flags_read_in_place_without_the_device_array_view(kind):
+def test_flags_read_in_place_without_the_device_array_view(kind, monkeypatch):
     """The engine reads its NaN/Inf flags in place through a plain ndarray over the mapped
     memory: numba's mapped arrays on a GPU (an ndarray subclass) override ``view`` with the
     device array's, which fails on them; the simulator's are no ndarray at all (FakeCUDAArray,
@@ -81,7 +81,7 @@ def test_flags_read_in_place_without_the_device_array_view(kind):
         made.append(z)
         return z.view(Mapped) if kind == "gpu" else Fake(z)
 
-    eng.B.mapped_zeros = mapped_zeros
+    monkeypatch.setattr(eng.B, "mapped_zeros", mapped_zeros)  # the backend object is shared
     sess = eng.new_session(8)
     flags = eng._flags()
     eng._raise_nonfinite(sess, flags)  # all clear: no error
