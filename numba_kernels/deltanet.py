@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
-from .norms import HEAD_THREADS, TILE_WORDS, warp_sumsq
-from .tags import (STATIC_SMEM, KernelSource, body, cuda, fma, fmul, generated, generator, grid1, kernel,
+from .norms import NORM_THREADS, PS_WORDS, block_sumsq
+from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
                    launch, launcher, prange, sqrt32, twin)
 
 MAX_DK = 256  # key head dim of the fast recurrence (a column's slices live in one warp)
@@ -87,25 +87,25 @@ def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, be
 
 @kernel
 def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One warp per (row, key head): the two L2 norms with :func:`warp_sumsq`, then the value
+    """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
     heads v ≡ h (mod hk) of the row's beta and g."""
     b = cuda.blockIdx.x
     r = b // hk
     h = b - r * hk
-    lane = cuda.threadIdx.x
-    T = cuda.shared.array(TILE_WORDS, np.float32)
-    iq = l2_scale(warp_sumsq(QKV, r, h * dk, dk, T, lane))
-    ik = l2_scale(warp_sumsq(QKV, r, kd + h * dk, dk, T, lane))
-    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, lane, HEAD_THREADS)
-    for v in range(h + lane * hk, nv, HEAD_THREADS * hk):
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    ps = cuda.shared.array(PS_WORDS, np.float32)
+    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
+    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
+    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
+    for v in range(h + tid * hk, nv, nt * hk):
         beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
 
 
 @launcher("gdn_prep")
 def gdn_prep_cuda(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One warp per (row, key head)."""
+    """One block per (row, key head)."""
     if R * hk:
-        launch(gdn_prep_k, R * hk, HEAD_THREADS, QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, F32(qscale),
+        launch(gdn_prep_k, R * hk, block_size(NORM_THREADS), QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, F32(qscale),
                Qn, Kn, beta, g, R)
 
 

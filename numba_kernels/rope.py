@@ -11,7 +11,7 @@ each query head's zero-centred RMSNorm (weights ``wq``) then RoPE into Q [R, hq�
 head's norm (``wk``) then RoPE into the K cache row start + r, its V copied into the V cache row.
 The same operations, in the same order, as ``head_rmsnorm`` ×2, ``rope`` ×2 and ``kv_write``
 (each normed value computed once, rotated straight from its register). CUDA: one block per
-(row, head) of the hq + hkv heads (one warp: :func:`~numba_kernels.norms.warp_sumsq`).
+(row, head) of the hq + hkv heads (:func:`~numba_kernels.norms.block_sumsq`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import F32
-from .norms import HEAD_THREADS, TILE_WORDS, norm_val, rms_inv, rms_scale, warp_sumsq
-from .tags import body, cuda, fma, fmul, grid1, kernel, launch, launcher, twin, zero_pos
+from .norms import NORM_THREADS, PS_WORDS, block_sumsq, norm_val, rms_inv, rms_scale
+from .tags import block_size, body, cuda, fma, fmul, grid1, kernel, launch, launcher, twin, zero_pos
 
 
 @body
@@ -120,15 +120,15 @@ def qk_norm_rope_cpu(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, Q, kc,
 
 @kernel
 def qk_norm_rope_k(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, pb, Q, kc, vc, R):
-    """One warp per (row, head) (:func:`~numba_kernels.norms.warp_sumsq`)."""
+    """One block per (row, head) (:func:`~numba_kernels.norms.block_sumsq`)."""
     b = cuda.blockIdx.x
     H = hq + hkv
     r = b // H
     h = b - r * H
-    T = cuda.shared.array(TILE_WORDS, np.float32)
+    ps = cuda.shared.array(PS_WORDS, np.float32)
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     xo = qk_head_in(hq, D, h)
-    inv = rms_scale(warp_sumsq(QKV, r, xo, D, T, tid), D, eps)
+    inv = rms_scale(block_sumsq(QKV, r, xo, D, ps, tid, nt), D, eps)
     qk_head_span(QKV, xo, hq, hkv, D, wq, wk, inv, half, cos, sin, start + pb[0] + r, Q, kc, vc, r, h, tid, nt)
 
 
@@ -136,5 +136,5 @@ def qk_norm_rope_k(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, pb, Q, k
 def qk_norm_rope_cuda(QKV, hq, hkv, D, wq, wk, eps, half, cos, sin, start, Q, kc, vc, R, pos=None):
     """One block per (row, head); ``pos`` as in ``rope``."""
     if R * (hq + hkv):
-        launch(qk_norm_rope_k, R * (hq + hkv), HEAD_THREADS, QKV, hq, hkv, D, wq, wk, F32(eps), half, cos,
+        launch(qk_norm_rope_k, R * (hq + hkv), block_size(NORM_THREADS), QKV, hq, hkv, D, wq, wk, F32(eps), half, cos,
                sin, start, zero_pos() if pos is None else pos, Q, kc, vc, R)
