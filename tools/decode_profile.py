@@ -114,6 +114,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
     ap.add_argument("--api-times", action="store_true",
                     help="also time every driver call numba makes during the whole steps (calls and us per step)")
+    ap.add_argument("--capture", action="store_true",
+                    help="multi-row steps keep per-row DeltaNet state for a rollback, as a speculative verify step "
+                         "does (harness bench times verify steps so)")
     ap.add_argument("--sched", default="",
                     help="also time the whole step under these context scheduling flags, comma-separated "
                          "(auto, spin, yield, blocking: cuCtxSetFlags), restoring the first flags after")
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
         sess = eng.new_session(args.ctx + 4 * args.reps + 64)
         eng.prime(sess, ids)
         step = (lambda t: eng.decode_step(sess, t)) if R == 1 else \
-            (lambda t: eng.target_step(sess, [t] * R))
+            (lambda t: eng.target_step(sess, [t] * R, capture=args.capture))
         snap = sess.cache.pos
         for _ in range(3):  # eager, capture, replay
             step(1)
