@@ -5,7 +5,12 @@ shapes and rmsnorm, each timed with CUDA events over repeated launches; the GEMV
 checked bit for bit against the CPU twin on ragged shapes (1-8 rows, the GEMM just above).
 Writes JSON; exit 1 when a kernel differs.
 
-    PYTHONPATH=. python tools/decode_kernels.py --out decode-kernels.json
+    PYTHONPATH=. python tools/decode_kernels.py --out decode-kernels.json [--sweep]
+
+``--sweep`` also times GEMV configurations other than ``gemv_pick``'s on the decode shapes whose
+N is the hidden size (2,048 outputs: the DeltaNet's out projection, the MLP's down projection,
+attention's o; the slowest GEMVs of a step per byte), each checked bit for bit against the CPU
+twin first: the data for choosing their configuration.
 """
 
 import argparse
@@ -21,6 +26,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
     args = ap.parse_args(argv)
     from numba import cuda
 
@@ -85,6 +91,8 @@ def main(argv=None) -> int:
                 row[f"gemv_{wname}_R{R}_TBps"] = W.nbytes / us / 1e6
         res["timing"].append(row)
         print("timing", row, flush=True)
+    if args.sweep:
+        ok &= sweep(res, rng, timed, args)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
     y = cuda.device_array((1, 2048), np.float32)
@@ -93,6 +101,55 @@ def main(argv=None) -> int:
     res["default"], res["default_bitwise"] = default, bool(ok)
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1
+
+
+SWEEP_SHAPES = (("gdn out", 4096, 2048), ("mlp down", 5632, 2048), ("attn o", 4096, 2048))
+
+
+def sweep(res, rng, timed, args, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
+    """Time GEMV configurations on the N = 2,048 decode shapes (1 and 5 rows, float32 weights):
+    each bitwise against the CPU twin, then timed; ``res["sweep"]`` gets one row per
+    (shape, rows, configuration), the default's marked."""
+    import dataclasses
+    import itertools
+
+    from numba import cuda
+
+    from numba_kernels import cpu as kp
+    from numba_kernels import cuda as kc
+    from numba_kernels.linear import gemv_pick
+
+    ok, rows = True, res.setdefault("sweep", [])
+    for (name, K, N), R in itertools.product(shapes, row_counts):
+        X = rng.standard_normal((R, K)).astype(np.float32)
+        W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+        want = np.zeros((R, N), np.float32)
+        kp.linear(X, W, want, R)
+        dX, dW, d = cuda.to_device(X), cuda.to_device(W), cuda.device_array((R, N), np.float32)
+        default = gemv_pick(N, K, R)
+        seen = set()
+        grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF)
+                for OW, NOG, NG, PF in itertools.product((4, 8), (1, 2), (4, 8, 16), (1, 2))]
+        for cfg in [default] + grid:
+            try:
+                cfg.check()
+            except ValueError:
+                continue
+            if cfg.name() in seen:
+                continue
+            seen.add(cfg.name())
+            kc.gemv(dX, dW, d, R, cfg=cfg)
+            same = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
+            ok &= same
+            us = timed(lambda: kc.gemv(dX, dW, d, R, cfg=cfg)) if same else None
+            row = {"op": name, "K": K, "N": N, "R": R, "cfg": cfg.name(), "default": cfg == default,
+                   "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
+            rows.append(row)
+        best = min((r for r in rows if r["op"] == name and r["R"] == R and r["us"]), key=lambda r: r["us"])
+        dflt = next(r for r in rows if r["op"] == name and r["R"] == R and r["default"])
+        print(f"sweep {name} R{R}: default {dflt['cfg']} {dflt['us']:.1f} us; best {best['cfg']} {best['us']:.1f} us "
+              f"({best['TBps']:.2f} TB/s)", flush=True)
+    return ok
 
 
 if __name__ == "__main__":
