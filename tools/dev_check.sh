@@ -2,7 +2,8 @@
 # A kernel-work check on the device machine (not the evidence): the named ops' device-check cases,
 # the default matrix on CUDA diffed with the golden CPU digests, then (alone on the GPU) the decode
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
-#   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] bash tools/dev_check.sh OUTDIR
+#   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
+# SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, ~3 min).
 set -uo pipefail
 out=${1:?usage: tools/dev_check.sh OUTDIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
@@ -24,5 +25,9 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
     python tools/decode_profile.py --out "$out/x.json" --rows 1 --ncu-step 1 > "$out/ncu-R1.csv" 2> "$out/ncu.log"
   python tools/ncu_summary.py "$out/ncu-R1.csv"
+fi
+if [ "${SWEEP:-0}" = 1 ]; then
+  python tools/decode_kernels.py --out "$out/kernels.json" --sweep > "$out/kernels.log" 2>&1
+  echo "kernels exit $?" >> "$out/jobs.txt"; grep "^sweep" "$out/kernels.log"
 fi
 echo "total $(( $(date +%s) - s )) s"
