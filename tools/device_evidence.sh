@@ -8,7 +8,7 @@
 # on a 4,096-token bench-8l prime on CUDA (issue #12's goal), alone on the GPU.
 # Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
 # each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 300) bounds
-# each job (device-check and device-walker: 380).
+# each job (device-check: T_CHECK, default 480 -- it took 356 s of its 380 at e4fc9b4 --; device-walker: 380).
 set -uo pipefail
 out=${1:?usage: tools/device_evidence.sh OUTDIR}
 T=${T:-300}
@@ -30,7 +30,7 @@ own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its token
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
-T=380 job device-check $h device-check --out "$res/h200-device-check.json"
+T=${T_CHECK:-480} job device-check $h device-check --out "$res/h200-device-check.json"
 T=380 job device-walker $h device-walker --out "$res/h200-walker.json"
 job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
 job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots
