@@ -84,4 +84,3 @@ def install():
 
     k.BlockThread.syncthreads = syncthreads
     k.BlockManager.run = run
-

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         res["timing"].append(row)
         print("timing", row, flush=True)
     if args.sweep:
-        ok &= sweep(res, rng, timed, args)
+        ok &= sweep(res, rng, timed)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
     y = cuda.device_array((1, 2048), np.float32)
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 SWEEP_SHAPES = (("gdn out", 4096, 2048), ("mlp down", 5632, 2048), ("attn o", 4096, 2048))
 
 
-def sweep(res, rng, timed, args, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
+def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
     """Time GEMV configurations on the N = 2,048 decode shapes (1 and 5 rows, float32 weights):
     each bitwise against the CPU twin, then timed; ``res["sweep"]`` gets one row per
     (shape, rows, configuration), the default's marked."""

@@ -76,7 +76,7 @@ def op_cases(rng, full: bool = True):
     add("embed", "R9-V260-H64", (ids, _r(rng, 260, 64), np.zeros((9, 64), F32)), [2])
     add("embed", "bf16-R9-V260-H64", (ids, _w16(rng, 260, 64),
                                       np.zeros((9, 64), F32)), [2])
-    # 2048: a slice per thread (64); 5000: a ragged last slice; 17000: two passes of 512 slices; 20: one ragged slice
+    # 2048: one pass of 64 slices; 5000: a ragged last slice; 17000: two passes (512 slices, then 20); 20: one ragged slice
     for R, N in ([(5, 2048), (64, 64), (1, 5000), (1, 17000), (3, 20)] if full else [(64, 64)]):
         add("rmsnorm", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6), np.zeros((R, 2 * N), F32), N, R), [3])
         add("add", f"R{R}-N{N}", (_r(rng, R, N), _r(rng, R, N), np.zeros((R, N), F32), R), [2])
