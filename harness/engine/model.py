@@ -30,9 +30,9 @@ from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
-from .graphs import StepRunner, graph_key, graphs_wanted
+from .graphs import GRAPH_MAX_ROWS, StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
-from .modes import check_mode, mode_ops, weight_upload
+from .modes import DEFAULT_MODE, check_mode, mode_ops, weight_upload
 from .rope import rope_tables
 from .weights import Checkpoint
 
@@ -216,13 +216,35 @@ class Engine:
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
         self._tap("attention", att)
-        gated = ws("att_g", R, hq * D)
-        ops.sigmoid_gate(att, qkv, hq * D, gated, R)
-        self._tap("attn_gate", gated)
         mix = ws("mix", R, cfg.hidden_size)
-        ops.linear(gated, L["o"], mix, R)
+        if self._fused(R):
+            ops.linear_gate(att, qkv, hq * D, L["o"], mix, R)  # the gate computed as the GEMV reads its input
+        else:
+            gated = ws("att_g", R, hq * D)
+            ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+            self._tap("attn_gate", gated)
+            ops.linear(gated, L["o"], mix, R)
         self._tap("o_proj", mix)
         return mix
+
+    def _fused(self, R):
+        """Whether a linear layer of R rows runs with the elementwise op before it
+        (``linear_swiglu``, ``linear_gate``: the same bits, one launch less): the steps of at most
+        GRAPH_MAX_ROWS rows (decode, verify, drafts) in exact mode, except while a trace records
+        (it taps the elementwise op's output). Larger launches keep the two ops (the activation
+        buffer is workspace, counted by :func:`~harness.engine.memory.plan`)."""
+        return R <= GRAPH_MAX_ROWS and self._trace is None and self.mode == DEFAULT_MODE
+
+    def _swiglu_linear(self, gu, I, W, out, R, act_name, name):
+        """out = linear(swiglu(gu)) (tapped ``act_name`` then ``name``)."""
+        if self._fused(R):
+            self.ops.linear_swiglu(gu, I, W, out, R)
+        else:
+            act = self.ws(act_name, R, I)
+            self.ops.swiglu_act(gu, I, act, R)
+            self._tap(act_name, act)
+            self.ops.linear(act, W, out, R)
+        self._tap(name, out)
 
     def _mlp(self, L, h, R):
         cfg, ops, ws = self.cfg, self.ops, self.ws
@@ -230,13 +252,10 @@ class Engine:
         mix = ws("mix", R, H)
         if not L["moe"]:
             I = L["inter"]
-            gu, act = ws("gu", R, 2 * I), ws("act", R, I)
+            gu = ws("gu", R, 2 * I)
             ops.linear(h, L["gu"], gu, R)
             self._tap("mlp_gu", gu)
-            ops.swiglu_act(gu, I, act, R)
-            self._tap("mlp_act", act)
-            ops.linear(act, L["down"], mix, R)
-            self._tap("mlp_down", mix)
+            self._swiglu_linear(gu, I, L["down"], mix, R, "mlp_act", "mlp_down")
             return mix
         E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         rl, P = ws("router", R, E), ws("router_p", R, E)
@@ -253,13 +272,10 @@ class Engine:
         sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
         if L["shared"]:
             S = cfg.shared_expert_intermediate_size
-            sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
+            sgu = ws("sgu", R, 2 * S)
             ops.linear(h, L["sgu"], sgu, R)
             self._tap("shared_gu", sgu)
-            ops.swiglu_act(sgu, S, sact, R)
-            self._tap("shared_act", sact)
-            ops.linear(sact, L["sdown"], sh, R)
-            self._tap("shared_down", sh)
+            self._swiglu_linear(sgu, S, L["sdown"], sh, R, "shared_act", "shared_down")
             ops.linear(h, L["sgate"], sgl, R)
             self._tap("shared_gate", sgl)
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
@@ -394,11 +410,14 @@ class Engine:
             logits, hf = self._step(c, key, body, {"ids": ids}, start,
                                     keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
-        # the hidden copy is queued behind the step before the logits' download waits for both
+        # the hidden copy is queued behind the step before the logits' download waits for both;
+        # the last row's view is made while the GPU still runs (a device array's slice costs
+        # tens of µs of host time)
         hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
+        last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags)
-        c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
+        c.last_h = last_h
         if capture:
             caps["hidden"] = hidden
         return out, hidden

@@ -62,6 +62,18 @@ def op_cases(rng, full: bool = True):
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
         W16 = _w16(rng, N, K, scale=K ** -0.5)
         add("linear", f"bf16-R{R}-K{K}-N{N}", (_r(rng, R, K), W16, np.zeros((R, N), F32), R), [2])
+    # a linear layer after SwiGLU / the attention gate as one op (the GEMV's input prologue up to 8
+    # rows, the two ops above): every GEMV bucket and the GEMM side, the bench's MLP down and
+    # attention o shapes, odd widths (scalar loads), bf16 weights
+    for R in ((1, 2, 4, 5, 8, 9, 17) if full else (1, 9)):
+        for I, N in ((5632, 2048), (37, 70)) if full else ((37, 70),):
+            add("linear_swiglu", f"R{R}-I{I}-N{N}", (_r(rng, R, 2 * I, scale=3.0), I, _r(rng, N, I, scale=I ** -0.5),
+                                                     np.zeros((R, N), F32), R), [3])
+        for C, go, N in ((4096, 4096, 2048), (36, 41, 20)) if full else ((36, 41, 20),):
+            add("linear_gate", f"R{R}-C{C}-go{go}-N{N}", (_r(rng, R, C), _r(rng, R, 2 * C + 9, scale=3.0), go,
+                                                          _r(rng, N, C, scale=C ** -0.5), np.zeros((R, N), F32), R), [4])
+    add("linear_swiglu", "bf16-R4-I1024-N257", (_r(rng, 4, 2048, scale=3.0), 1024, _w16(rng, 257, 1024, scale=1 / 32),
+                                                np.zeros((4, 257), F32), 4), [3])
     for N in ((500, 1024, 8192, 40000) if full else (500, 1024)):
         for R in (1, 2, 4, 5, 8):
             add("linear", f"class-R{R}-K2048-N{N}",
