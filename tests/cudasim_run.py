@@ -187,6 +187,15 @@ def op_cases():
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 5 + 2 * nv), 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
           r(nv), F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
           np.zeros((3, nv), F32), 3), [10, 11, 12, 13])
+    # conv + prep as one op: the fused launch up to CONV_PREP_MAX_ROWS rows (captures on and off),
+    # the two ops past it
+    C, bo = 2 * hk * dk + nv * dv, 2 * hk * dk + nv * dv + 7
+    for R, capture in ((1, True), (3, False), (dispatch.CONV_PREP_MAX_ROWS, True), (dispatch.CONV_PREP_MAX_ROWS + 1, True)):
+        case("gdn_conv_prep", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}-capture{int(capture)}",
+             (r(R, bo + 2 * nv), r(C, 4, scale=0.5), r(3, C), np.zeros((R, C), F32), np.zeros((R, 3, C), F32), capture,
+              hk * dk, hk, dk, bo, nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv), F32(dk ** -0.5),
+              np.zeros((R, hk * dk), F32), np.zeros((R, hk * dk), F32), np.zeros((R, nv), F32), np.zeros((R, nv), F32),
+              R), [2, 3, 4, 14, 15, 16, 17], rows=R)
     # (the fast recurrence's own variants: tests/test_sim_gdn.py)
     for ver, R in (("gdn_recurrence", 1), ("gdn_recurrence", 3), ("gdn_recurrence", 9), ("gdn_recurrence_fast", 3),
                    ("gdn_recurrence_naive", 3)):

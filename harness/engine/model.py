@@ -180,12 +180,12 @@ class Engine:
         self._tap("ba", qkvz, c0=nz)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
         mixed = ws("mixed", R, cd)
-        ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
-        self._tap("conv", mixed)
         qn, kn = ws("qn", R, kd), ws("kn", R, kd)
         beta, g = ws("beta", R, nv), ws("g", R, nv)
-        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, qkvz, nz, nv, L["A_log"], L["dt_bias"],
-                     F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
+        # the conv (into mixed: q ‖ k ‖ v), then q/k L2 norms, beta and g (b ‖ a from column nz)
+        ops.gdn_conv_prep(qkvz, L["conv"], cache.conv[li], mixed, cap_c, capture, kd, cfg.linear_num_key_heads, dk, nz,
+                          nv, L["A_log"], L["dt_bias"], F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
+        self._tap("conv", mixed)
         for name, a in (("gdn_q", qn), ("gdn_k", kn), ("beta", beta), ("g", g)):
             self._tap(name, a)
         o = ws("gdn_o", R, vd)

@@ -129,6 +129,13 @@ def op_cases(rng, full: bool = True):
             (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 7 + 2 * nv), 7, nv,
              np.log(rng.uniform(1, 16, nv)).astype(F32), _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32),
              np.zeros((R, kd), F32), np.zeros((R, nv), F32), np.zeros((R, nv), F32), R), [10, 11, 12, 13])
+        if R <= 9:  # conv + prep as one op: the fused launch up to 8 rows, the two ops at 9
+            C, K = 2 * kd + nv * dv, 4 if dk != 100 else 3
+            add("gdn_conv_prep", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-K{K}-R{R}",
+                (_r(rng, R, C + 5 + 2 * nv), _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32),
+                 np.zeros((R, K - 1, C), F32), True, kd, hk, dk, C + 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
+                 _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32), np.zeros((R, kd), F32), np.zeros((R, nv), F32),
+                 np.zeros((R, nv), F32), R), [2, 3, 4, 14, 15, 16, 17])
         q = _r(rng, R, kd, scale=dk ** -0.5)
         k = _r(rng, R, kd, scale=dk ** -0.5)
         add("gdn_recurrence", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}",
