@@ -76,31 +76,43 @@ def beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h):
     g[r, h] = fmul(-exp32(A_log[h]), softplus32(BA[r, bo + nv + h] + dt_bias[h]))
 
 
-@twin("gdn_prep")
-def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """L2-normalise q and k per key head (q also · qscale) from QKV[:, :2kd]; beta = sigmoid(b),
-    g = −exp(A_log)·softplus(a + dt_bias) from BA[:, bo:] = [b (nv) ‖ a (nv)]."""
-    for r in range(R):
-        for h in range(hk):
-            qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
-        for h in range(nv):
-            beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h)
+@body
+def prep_row(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r):
+    """Row r of ``gdn_prep`` (the twin's order: key heads, then value heads)."""
+    for h in range(hk):
+        qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
+    for h in range(nv):
+        beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h)
 
 
-@kernel
-def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
-    heads v ≡ h (mod hk) of the row's beta and g."""
-    b = cuda.blockIdx.x
-    r = b // hk
-    h = b - r * hk
-    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    ps = cuda.shared.array(PS_WORDS, np.float32)
+@body
+def prep_head(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, h, ps, tid, nt):
+    """Key head h of row r of ``gdn_prep`` by the ``nt`` threads of a block: the two L2 norms
+    with :func:`block_sumsq`, then the value heads v ≡ h (mod hk) of beta and g."""
     iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
     ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
     qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
     for v in range(h + tid * hk, nv, nt * hk):
         beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
+
+
+@twin("gdn_prep")
+def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
+    """L2-normalise q and k per key head (q also · qscale) from QKV[:, :2kd]; beta = sigmoid(b),
+    g = −exp(A_log)·softplus(a + dt_bias) from BA[:, bo:] = [b (nv) ‖ a (nv)]."""
+    for r in range(R):
+        prep_row(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r)
+
+
+@kernel
+def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
+    """One block per (row, key head) (:func:`prep_head`)."""
+    b = cuda.blockIdx.x
+    r = b // hk
+    h = b - r * hk
+    ps = cuda.shared.array(PS_WORDS, np.float32)
+    prep_head(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, h, ps, cuda.threadIdx.x,
+              cuda.blockDim.x)
 
 
 @launcher("gdn_prep")
@@ -123,10 +135,7 @@ def gdn_conv_prep_cpu(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_lo
     for c in range(C):
         conv_channel(X, 0, W, state, mixed, c, R, K, cap, capture)
     for r in range(R):
-        for h in range(hk):
-            qk_norm_head(mixed, kd, dk, qscale, Qn, Kn, r, h)
-        for h in range(nv):
-            beta_g_at(X, bo, nv, A_log, dt_bias, beta, g, r, h)
+        prep_row(mixed, kd, hk, dk, X, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r)
 
 
 @kernel
@@ -134,9 +143,8 @@ def gdn_conv_prep_k(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log,
                     R):
     """Blocks 0 … hk−1: key head h -- the conv of its q and k channels over all R rows (a thread
     per channel), a barrier (the block's writes of ``mixed`` are then visible to all its
-    threads), then per row the two L2 norms (:func:`block_sumsq`) and the value heads
-    v ≡ h (mod hk) of beta and g, as ``gdn_prep_k``. Blocks hk …: the conv of the v channels, a
-    thread per channel."""
+    threads), then per row :func:`prep_head`, as ``gdn_prep_k``. Blocks hk …: the conv of the v
+    channels, a thread per channel."""
     b = cuda.blockIdx.x
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     C, K = W.shape
@@ -147,11 +155,7 @@ def gdn_conv_prep_k(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log,
         barrier()
         ps = cuda.shared.array(PS_WORDS, np.float32)
         for r in range(R):
-            iq = l2_scale(block_sumsq(mixed, r, b * dk, dk, ps, tid, nt))
-            ik = l2_scale(block_sumsq(mixed, r, kd + b * dk, dk, ps, tid, nt))
-            qk_norm_span(mixed, kd, dk, qscale, Qn, Kn, r, b, iq, ik, tid, nt)
-            for v in range(b + tid * hk, nv, nt * hk):
-                beta_g_at(X, bo, nv, A_log, dt_bias, beta, g, r, v)
+            prep_head(mixed, kd, hk, dk, X, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, b, ps, tid, nt)
     else:
         c = 2 * kd + (b - hk) * nt + tid
         if c < C:
