@@ -28,14 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import dispatch
-from .conv import conv1d_silu_cuda, conv_channel
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
 from .norms import NORM_THREADS, PS_WORDS, block_sumsq
-from .tags import (STATIC_SMEM, KernelSource, barrier, block_size, body, cuda, fma, fmul, generated, generator, grid1,
-                   kernel, launch, launcher, prange, sqrt32, twin)
+from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
+                   launch, launcher, prange, sqrt32, twin)
 
 MAX_DK = 256  # key head dim of the fast recurrence (a column's slices live in one warp)
-CONV_PREP_THREADS = 256  # gdn_conv_prep's block: a key head's q and k channels (2·dk), or 256 v channels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -76,43 +74,31 @@ def beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h):
     g[r, h] = fmul(-exp32(A_log[h]), softplus32(BA[r, bo + nv + h] + dt_bias[h]))
 
 
-@body
-def prep_row(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r):
-    """Row r of ``gdn_prep`` (the twin's order: key heads, then value heads)."""
-    for h in range(hk):
-        qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
-    for h in range(nv):
-        beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h)
-
-
-@body
-def prep_head(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, h, ps, tid, nt):
-    """Key head h of row r of ``gdn_prep`` by the ``nt`` threads of a block: the two L2 norms
-    with :func:`block_sumsq`, then the value heads v ≡ h (mod hk) of beta and g."""
-    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
-    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
-    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
-    for v in range(h + tid * hk, nv, nt * hk):
-        beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
-
-
 @twin("gdn_prep")
 def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
     """L2-normalise q and k per key head (q also · qscale) from QKV[:, :2kd]; beta = sigmoid(b),
     g = −exp(A_log)·softplus(a + dt_bias) from BA[:, bo:] = [b (nv) ‖ a (nv)]."""
     for r in range(R):
-        prep_row(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r)
+        for h in range(hk):
+            qk_norm_head(QKV, kd, dk, qscale, Qn, Kn, r, h)
+        for h in range(nv):
+            beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, h)
 
 
 @kernel
 def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One block per (row, key head) (:func:`prep_head`)."""
+    """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
+    heads v ≡ h (mod hk) of the row's beta and g."""
     b = cuda.blockIdx.x
     r = b // hk
     h = b - r * hk
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
-    prep_head(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, h, ps, cuda.threadIdx.x,
-              cuda.blockDim.x)
+    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
+    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
+    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
+    for v in range(h + tid * hk, nv, nt * hk):
+        beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
 
 
 @launcher("gdn_prep")
@@ -121,62 +107,6 @@ def gdn_prep_cuda(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, b
     if R * hk:
         launch(gdn_prep_k, R * hk, block_size(NORM_THREADS), QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, F32(qscale),
                Qn, Kn, beta, g, R)
-
-
-# ------------------------------------------------------------------------------------------------
-# conv + prep in one launch
-# ------------------------------------------------------------------------------------------------
-@twin("gdn_conv_prep")
-def gdn_conv_prep_cpu(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g,
-                      R):
-    """``conv1d_silu`` of X[:, :C] (C = W.shape[0] channels: q ‖ k ‖ v) into ``mixed``, then
-    ``gdn_prep`` of ``mixed`` with b ‖ a at X[:, bo:]: the same operations as the two ops."""
-    C, K = W.shape
-    for c in range(C):
-        conv_channel(X, 0, W, state, mixed, c, R, K, cap, capture)
-    for r in range(R):
-        prep_row(mixed, kd, hk, dk, X, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r)
-
-
-@kernel
-def gdn_conv_prep_k(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g,
-                    R):
-    """Blocks 0 … hk−1: key head h -- the conv of its q and k channels over all R rows (a thread
-    per channel), a barrier (the block's writes of ``mixed`` are then visible to all its
-    threads), then per row :func:`prep_head`, as ``gdn_prep_k``. Blocks hk …: the conv of the v
-    channels, a thread per channel."""
-    b = cuda.blockIdx.x
-    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    C, K = W.shape
-    if b < hk:
-        for i in range(tid, 2 * dk, nt):
-            c = b * dk + i if i < dk else kd + b * dk + i - dk
-            conv_channel(X, 0, W, state, mixed, c, R, K, cap, capture)
-        barrier()
-        ps = cuda.shared.array(PS_WORDS, np.float32)
-        for r in range(R):
-            prep_head(mixed, kd, hk, dk, X, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, r, b, ps, tid, nt)
-    else:
-        c = 2 * kd + (b - hk) * nt + tid
-        if c < C:
-            conv_channel(X, 0, W, state, mixed, c, R, K, cap, capture)
-
-
-@launcher("gdn_conv_prep")
-def gdn_conv_prep_cuda(X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g,
-                       R):
-    """Up to CONV_PREP_MAX_ROWS rows (the dispatch table): hk key-head blocks, then the v
-    channels' blocks (CONV_PREP_THREADS threads each); more rows: ``conv1d_silu`` then
-    ``gdn_prep``."""
-    if dispatch.pick("gdn_conv_prep", R) != "conv_prep_fused":
-        conv1d_silu_cuda(X, 0, W, state, mixed, R, cap, capture)
-        gdn_prep_cuda(mixed, kd, hk, dk, X, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R)
-        return
-    nt = block_size(CONV_PREP_THREADS)
-    nvb = (W.shape[0] - 2 * kd + nt - 1) // nt
-    if R > 0 and hk + nvb:
-        launch(gdn_conv_prep_k, hk + nvb, nt, X, W, state, mixed, cap, capture, kd, hk, dk, bo, nv, A_log, dt_bias,
-               F32(qscale), Qn, Kn, beta, g, R)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,10 +11,7 @@ Every kernel of an op keeps the op's canonical order, so the choice never change
   KV head, for all the query vectors of its group; the block size is the smallest of
   ``SPLIT_BLOCKS`` that holds R · hq / hkv vectors); otherwise ``attention_prime`` (query tiles of
   64 rows); head dims too large for their shared memory → ``attention_tiled``;
-- ``gdn_recurrence``: every row count → ``gdn_recurrence_fast``;
-- ``gdn_conv_prep``: R ≤ ``CONV_PREP_MAX_ROWS`` (8) → ``conv_prep_fused`` (one launch: a block per key head
-  runs its q/k channels' conv and then the row's norms; the v channels' conv in blocks of their
-  own); more rows → ``conv_then_prep``: ``conv1d_silu`` then ``gdn_prep`` (a block per (row, key head)).
+- ``gdn_recurrence``: every row count → ``gdn_recurrence_fast``.
 
 The per-shape configuration inside a kernel (the GEMV's warp shape per (N, K, R), the GEMM's
 loaders) is its family's (:func:`numba_kernels.linear.gemv_pick`, ...). ``linear_naive``,
@@ -29,14 +26,12 @@ GEMV_BUCKETS = (1, 2, 4, 5, 8)  # rows a GEMV kernel is built for (the last is G
 SPLIT_MAX_ROWS = 16
 SPLIT_MAX_STATS_BYTES = 256 * 1024 * 1024
 SPLIT_BLOCKS = ("s8", "s16", "s32", "s64")  # split-KV blocks by the query vectors they hold
-CONV_PREP_MAX_ROWS = 8  # a fused conv + prep block runs the rows one after the other
 
 # op: ((most rows, kernel), ..., (None, kernel for the rest))
 TABLE = {
     "linear": ((GEMV_MAX_ROWS, "gemv"), (None, "gemm")),
     "attention": ((SPLIT_MAX_ROWS, "attention_split"), (None, "attention_prime")),
     "gdn_recurrence": ((None, "gdn_recurrence_fast"),),
-    "gdn_conv_prep": ((CONV_PREP_MAX_ROWS, "conv_prep_fused"), (None, "conv_then_prep")),
 }
 
 

@@ -108,20 +108,8 @@ def add_cuda(X, Y, out, R):
 
 
 @body
-def swiglu_val(g, u):
-    """One SwiGLU activation: silu(g)·u (also the input prologue of ``linear_swiglu``'s GEMV)."""
-    return fmul(silu32(g), u)
-
-
-@body
-def gate_val(o, g):
-    """One gated attention output: o·sigmoid(g) (also the input prologue of ``linear_gate``'s GEMV)."""
-    return fmul(o, sigmoid32(g))
-
-
-@body
 def swiglu_at(GU, I, out, r, c):
-    out[r, c] = swiglu_val(GU[r, c], GU[r, I + c])
+    out[r, c] = fmul(silu32(GU[r, c]), GU[r, I + c])
 
 
 @twin("swiglu_act")
@@ -147,7 +135,7 @@ def swiglu_act_cuda(GU, I, out, R):
 
 @body
 def gate_at(O, G, go, out, r, c):
-    out[r, c] = gate_val(O[r, c], G[r, go + c])
+    out[r, c] = fmul(O[r, c], sigmoid32(G[r, go + c]))
 
 
 @twin("sigmoid_gate")

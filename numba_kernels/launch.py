@@ -168,42 +168,13 @@ class Graph:
 
     def __init__(self, graph, keep):
         self.graph, self.keep = graph, keep
-        self._direct = None if isinstance(graph, list) else _direct_launch(graph)
 
     def replay(self):
         if isinstance(self.graph, list):
             for kernel, grid, block, smem, args in self.graph:
                 kernel[grid, block, 0, smem](*args)
-            return
-        if self._direct is not None:
-            try:
-                self._direct()
-                return
-            except TypeError:  # a binding whose cuGraphLaunch takes other arguments: cuda.core's launch from now on
-                self._direct = None
-        self.graph.launch(_legacy_stream())
-
-
-def _direct_launch(graph):
-    """A function launching ``graph`` (a cuda.core Graph) on the legacy default stream with one
-    ``cuGraphLaunch`` through the driver binding (cuda.core's ``Graph.launch`` spends ~10 µs of
-    host time more on a decode step's critical path); None where the binding or the graph's
-    handle is not there."""
-    try:
-        try:
-            from cuda.bindings import driver
-        except ImportError:  # older cuda-python
-            from cuda import cuda as driver
-        handle, stream, ok = graph.handle, driver.CUstream(0), driver.CUresult.CUDA_SUCCESS
-    except Exception:  # noqa: BLE001  (any missing piece: cuda.core's launch)
-        return None
-    launch_graph = driver.cuGraphLaunch
-
-    def go():
-        (err,) = launch_graph(handle, stream)
-        if err != ok:
-            raise RuntimeError(f"cuGraphLaunch failed: {err}")
-    return go
+        else:
+            self.graph.launch(_legacy_stream())
 
 
 def _core():

@@ -25,10 +25,6 @@ slice (``fma_chain``); slice partials added left to right into an accumulator th
   accumulators (``C += P``). A K stage past K is zero-filled: ``fma(+0, +0, p)`` changes ``p`` only
   from −0 to +0, and an accumulator that starts at +0 is never −0, so adding a −0 or a +0 partial
   gives the same bits.
-- ``linear_swiglu`` and ``linear_gate``: a linear layer after ``swiglu_act`` / ``sigmoid_gate``
-  as one op. Up to GEMV_MAX_ROWS rows the GEMV computes the elementwise op while it stages X
-  (its input prologue, ``GemvCfg.XF``): no activation buffer and no launch of its own; more rows
-  run the two ops. The twins run the two ops' arithmetic, so the bits are theirs.
 
 Which one runs is :mod:`numba_kernels.dispatch`'s table. Both generated kernels were timed on an
 H200 (``receipts/probes/``): the GEMM at 38-39 TFLOP/s on the bench shapes (cuBLAS SGEMM 46-51),
@@ -45,9 +41,8 @@ import numpy as np
 from . import dispatch
 from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
 from .exact import SLICE, dot_rows
-from .elementwise import gate_at, sigmoid_gate_cuda, swiglu_act_cuda, swiglu_at
 from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
-                   prange, scratch, twin, zero_buffer)
+                   prange, twin, zero_buffer)
 
 
 @body
@@ -108,7 +103,6 @@ class GemvCfg:
     MO: int = 1      # tile slices per lane: MO output rows share each X load
     BF16: bool = False  # W holds bf16 bit patterns (uint16)
     VEC: bool = True  # 128-bit loads (K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows); else scalar
-    XF: str = ""  # the input prologue: "" (X as it is), or x = f(X, B) element by element (GEMV_PROLOGUES)
 
     SP = property(lambda c: 32 // c.OW)
     NW = property(lambda c: c.NOG * c.NG)
@@ -130,17 +124,15 @@ class GemvCfg:
 
     def name(self):
         return (f"gemv_{'bf16' if self.BF16 else 'f32'}_R{self.RB}_ow{self.OW}_og{self.NOG}_ng{self.NG}_pf{self.PF}"
-                f"_mo{self.MO}{'' if self.VEC else '_scalar'}{'_' + self.XF if self.XF else ''}")
+                f"_mo{self.MO}{'' if self.VEC else '_scalar'}")
 
     def check(self):
         if not (self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1 and self.PF in (1, 2, 3)
-                and self.MO in (1, 2) and self.NT <= 1024 and self.smem_bytes <= STATIC_SMEM
-                and self.XF in GEMV_PROLOGUES):
+                and self.MO in (1, 2) and self.NT <= 1024 and self.smem_bytes <= STATIC_SMEM):
             raise ValueError(f"{self.name()}: not a valid GEMV configuration ({self.smem_bytes} B of shared memory)")
         return self
 
 
-GEMV_PROLOGUES = {"": None, "swiglu": "swiglu_val", "gate": "gate_val"}  # prologue -> the body applied (x, b)
 GEMV_LARGE_N = 8192  # from here on, output groups alone give every SM several blocks
 GEMV_TINY_N = 1024  # below, one row gets 8 warps splitting each chunk of 4 outputs
 GEMV_HUGE_N = 32768  # (the lm head) 8 rows: two W rows per lane, two output groups per block
@@ -195,10 +187,10 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
 
 
 @generator
-def gemv_config(N, K, R, bf16, vec_ok, xf=""):
+def gemv_config(N, K, R, bf16, vec_ok):
     """The configuration ``gemv`` runs: :func:`gemv_pick`, with 128-bit loads where ``vec_ok`` (16-byte
-    aligned rows) and K allows them, and the input prologue ``xf``."""
-    return dataclasses.replace(gemv_pick(N, K, R, bf16, vec_ok and K % (8 if bf16 else 4) == 0), XF=xf).check()
+    aligned rows) and K allows them."""
+    return gemv_pick(N, K, R, bf16, vec_ok and K % (8 if bf16 else 4) == 0)
 
 
 def _gemv_devices(c: GemvCfg) -> str:
@@ -287,15 +279,12 @@ def _gemv_kernel(c: GemvCfg) -> str:
     L = []
     a = L.append
 
-    XF = GEMV_PROLOGUES[c.XF]
-    a("def kern(X, XS, B, BS, BO, W, K, N, out, R, Z):" if XF else "def kern(X, XS, W, K, N, out, R, Z):")
+    a("def kern(X, XS, W, K, N, out, R, Z):")
     for s in sets:  # numba wants every register defined on every path
         for i in range(NL):
             a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
     for m in range(NXQ):
         a(f"    y{m}_0 = y{m}_1 = y{m}_2 = y{m}_3 = ZERO")
-        if XF:
-            a(f"    b{m}_0 = b{m}_1 = b{m}_2 = b{m}_3 = ZERO")
     a("    tid = cuda.threadIdx.x")
     a("    ln = tid & 31")
     a("    w = tid >> 5")
@@ -379,27 +368,22 @@ def _gemv_kernel(c: GemvCfg) -> str:
             a(f"{p}{s}{i}_0, {s}{i}_1, {s}{i}_2, {s}{i}_3 = ldw(W, {v} + kc + {off}, kc + kq + {off}, K, Z)")
 
     def xload(p, cc):
-        """Issue the loads of X chunk cc (and of B, with a prologue): zeros outside the rows and K."""
         a(f"{p}kc = {cc} * {KC}")
         for m in range(NXQ):
-            srcs = [("y", "X", f"xr{m} * XS + kc + xk{m}")] + ([("b", "B", f"xr{m} * BS + BO + kc + xk{m}")] if XF else [])
-            for reg, arr, at in srcs:
-                if c.VEC:
-                    ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R and kc + xk{m} < K"
-                    a(f"{p}{reg}{m}_0, {reg}{m}_1, {reg}{m}_2, {reg}{m}_3 = ldx({arr}, {at}, {ok}, Z)")
-                else:
-                    ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R"
-                    a(f"{p}{reg}{m}_0, {reg}{m}_1, {reg}{m}_2, {reg}{m}_3 = ldxs({arr}, {at}, {ok}, kc + xk{m}, K)")
+            if c.VEC:
+                ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R and kc + xk{m} < K"
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldx(X, xr{m} * XS + kc + xk{m}, {ok}, Z)")
+            else:
+                ok = f"{'xe%d < %d and ' % (m, XQ) if NXQ * NT > XQ else ''}xr{m} < R"
+                a(f"{p}y{m}_0, y{m}_1, y{m}_2, y{m}_3 = ldxs(X, xr{m} * XS + kc + xk{m}, {ok}, kc + xk{m}, K)")
 
     def xstore(p):
-        """Store the loaded X chunk into Xs, the prologue applied (zeros stay zeros: f(0, 0) = +0)."""
         for m in range(NXQ):
-            vals = ", ".join(f"{XF}(y{m}_{e}, b{m}_{e})" if XF else f"y{m}_{e}" for e in range(4))
             if NXQ * NT > XQ:
                 a(f"{p}if xe{m} < {XQ}:")
-                a(f"{p}    sts4(Xs, xs{m}, {vals})")
+                a(f"{p}    sts4(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
             else:
-                a(f"{p}sts4(Xs, xs{m}, {vals})")
+                a(f"{p}sts4(Xs, xs{m}, y{m}_0, y{m}_1, y{m}_2, y{m}_3)")
 
     def chunk(p, s, cc):
         for i in range(NL):
@@ -463,84 +447,21 @@ def gemv_source(c: GemvCfg) -> KernelSource:
 
 
 @launcher(of="linear")
-def gemv(X, W, out, R, cfg=None, xf="", B=None, bo=0):
+def gemv(X, W, out, R, cfg=None):
     """R ≤ GEMV_MAX_ROWS rows (``cfg``: a :class:`GemvCfg`, default :func:`gemv_pick`'s). X C-contiguous;
-    W [N, K] float32 or uint16 (bf16 bits), C-contiguous. ``xf``: an input prologue
-    (GEMV_PROLOGUES): the GEMV's input is x[r, k] = f(X[r, k], B[r, bo + k]), computed as X is
-    staged (``linear_swiglu``, ``linear_gate``)."""
+    W [N, K] float32 or uint16 (bf16 bits), C-contiguous."""
     N, K = W.shape
     if R <= 0 or N == 0:
         return
     bf16 = W.dtype == np.uint16
     vec_ok = X.shape[1] % 4 == 0 and aligned(X) and aligned(W)
-    if xf:
-        vec_ok = vec_ok and B.shape[1] % 4 == 0 and bo % 4 == 0 and aligned(B)
     if cfg is None:
-        cfg = gemv_config(N, K, R, bf16, vec_ok, xf)
-    elif (cfg.BF16 != bf16 or cfg.XF != xf or R > cfg.RB
-          or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0))):
-        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}, prologue {xf!r}")
+        cfg = gemv_config(N, K, R, bf16, vec_ok)
+    elif cfg.BF16 != bf16 or R > cfg.RB or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0)):
+        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}")
     k = generated(gemv_source, cfg)
-    xs = (X.reshape(X.shape[0] * X.shape[1]), X.shape[1])
-    if xf:
-        xs += (B.reshape(B.shape[0] * B.shape[1]), B.shape[1], bo)
-    launch(k, (N + cfg.OB - 1) // cfg.OB, k.threads, *xs, W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8))
-
-
-# ------------------------------------------------------------------------------------------------
-# a linear layer after an elementwise op, one launch for a few rows
-# ------------------------------------------------------------------------------------------------
-@twin("linear_swiglu", parallel=True)
-def linear_swiglu_cpu(GU, I, W, out, R):
-    """out = linear(swiglu_act(GU, I)) with W [N, I]: the same operations as ``swiglu_act`` then
-    ``linear`` (the activations in a temporary)."""
-    act = np.empty((R, I), np.float32)
-    for ri in prange(R * I):
-        r = ri // I
-        swiglu_at(GU, I, act, r, ri - r * I)
-    N = W.shape[0]
-    for ro in prange(R * N):
-        r = ro // N
-        linear_at(act, W, out, r, ro - r * N)
-
-
-@launcher("linear_swiglu")
-def linear_swiglu_cuda(GU, I, W, out, R):
-    """Up to GEMV_MAX_ROWS rows: the GEMV with the SwiGLU prologue (no activation buffer, no
-    launch of its own); more: ``swiglu_act`` into a scratch buffer, then the GEMM."""
-    if dispatch.pick("linear", R) == "gemv":
-        gemv(GU, W, out, R, None, "swiglu", GU, I)
-    elif R > 0:
-        act = scratch("linear_prologue", R * I)[:R * I].reshape(R, I)
-        swiglu_act_cuda(GU, I, act, R)
-        gemm(act, W, out, R)
-
-
-@twin("linear_gate", parallel=True)
-def linear_gate_cpu(O, G, go, W, out, R):
-    """out = linear(sigmoid_gate(O, G, go)) with W [N, O.shape[1]]: the same operations as
-    ``sigmoid_gate`` then ``linear`` (the gated values in a temporary)."""
-    C = O.shape[1]
-    act = np.empty((R, C), np.float32)
-    for rc in prange(R * C):
-        r = rc // C
-        gate_at(O, G, go, act, r, rc - r * C)
-    N = W.shape[0]
-    for ro in prange(R * N):
-        r = ro // N
-        linear_at(act, W, out, r, ro - r * N)
-
-
-@launcher("linear_gate")
-def linear_gate_cuda(O, G, go, W, out, R):
-    """As ``linear_swiglu``: the GEMV with the gate prologue, or ``sigmoid_gate`` then the GEMM."""
-    if dispatch.pick("linear", R) == "gemv":
-        gemv(O, W, out, R, None, "gate", G, go)
-    elif R > 0:
-        C = O.shape[1]
-        act = scratch("linear_prologue", R * C)[:R * C].reshape(R, C)
-        sigmoid_gate_cuda(O, G, go, act, R)
-        gemm(act, W, out, R)
+    launch(k, (N + cfg.OB - 1) // cfg.OB, k.threads, X.reshape(X.shape[0] * X.shape[1]), X.shape[1],
+           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8))
 
 
 # ------------------------------------------------------------------------------------------------

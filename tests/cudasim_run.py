@@ -158,17 +158,6 @@ def op_cases():
     # elementwise
     case("embed", "R3-V50-H8", (rng.integers(0, 50, 3).astype(np.int32), r(50, 8), np.zeros((3, 8), F32)), [2])
     case("add", "R3-N9", (r(4, 9), r(4, 9), np.zeros((4, 9), F32), 3), [2])
-    # a linear layer after SwiGLU / the gate as one op: each GEMV bucket (the input prologue),
-    # then the GEMM side (9 rows); 16-byte and scalar loads (odd width or offset); bf16 weights
-    for R in (1, 3, 5, 8, 9):
-        case("linear_swiglu", f"R{R}-I40-N24", (r(R, 80, scale=3.0), 40, r(24, 40, scale=0.2), np.zeros((R, 24), F32), R),
-             [3], rows=R)
-        case("linear_gate", f"R{R}-C36-go40-N20", (r(R, 36), r(R, 92, scale=3.0), 40, r(20, 36, scale=0.2),
-                                                   np.zeros((R, 20), F32), R), [4], rows=R)
-    case("linear_swiglu", "R2-I37-N9-scalar", (r(2, 74, scale=3.0), 37, r(9, 37), np.zeros((2, 9), F32), 2), [3], rows=2)
-    case("linear_gate", "R2-C36-go41-scalar", (r(2, 36), r(2, 90), 41, r(20, 36), np.zeros((2, 20), F32), 2), [4], rows=2)
-    case("linear_swiglu", "bf16-R4-I40-N24", (r(4, 80, scale=3.0), 40, w16(24, 40, scale=0.2), np.zeros((4, 24), F32), 4),
-         [3], rows=4)
     case("swiglu_act", "R3-I7", (r(3, 14, scale=3.0), 7, np.zeros((3, 7), F32), 3), [2])
     case("sigmoid_gate", "R3-N6-go6", (r(3, 6), r(3, 13, scale=3.0), 6, np.zeros((3, 6), F32), 3), [3])
     for bad in (np.nan, -np.inf):
@@ -187,15 +176,6 @@ def op_cases():
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 5 + 2 * nv), 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
           r(nv), F32(dk ** -0.5), np.zeros((3, hk * dk), F32), np.zeros((3, hk * dk), F32), np.zeros((3, nv), F32),
           np.zeros((3, nv), F32), 3), [10, 11, 12, 13])
-    # conv + prep as one op: the fused launch up to CONV_PREP_MAX_ROWS rows (captures on and off),
-    # the two ops past it
-    C, bo = 2 * hk * dk + nv * dv, 2 * hk * dk + nv * dv + 7
-    for R, capture in ((1, True), (3, False), (dispatch.CONV_PREP_MAX_ROWS, True), (dispatch.CONV_PREP_MAX_ROWS + 1, True)):
-        case("gdn_conv_prep", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}-capture{int(capture)}",
-             (r(R, bo + 2 * nv), r(C, 4, scale=0.5), r(3, C), np.zeros((R, C), F32), np.zeros((R, 3, C), F32), capture,
-              hk * dk, hk, dk, bo, nv, np.log(rng.uniform(1, 16, nv)).astype(F32), r(nv), F32(dk ** -0.5),
-              np.zeros((R, hk * dk), F32), np.zeros((R, hk * dk), F32), np.zeros((R, nv), F32), np.zeros((R, nv), F32),
-              R), [2, 3, 4, 14, 15, 16, 17], rows=R)
     # (the fast recurrence's own variants: tests/test_sim_gdn.py)
     for ver, R in (("gdn_recurrence", 1), ("gdn_recurrence", 3), ("gdn_recurrence", 9), ("gdn_recurrence_fast", 3),
                    ("gdn_recurrence_naive", 3)):

@@ -35,8 +35,7 @@ from numba_kernels.cpu import FAMILIES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # dispatch table entry -> the name prefixes of the (generated) kernels it launches
 KERNELS = {"gemv": {"gemv_"}, "gemm": {"gemm_"}, "attention_split": {"attn_split_", "attn_merge"},
-           "attention_prime": {"attn_prime_"}, "gdn_recurrence_fast": {"gdn_pipe_"},
-           "conv_prep_fused": {"gdn_conv_prep_k"}, "conv_then_prep": {"conv1d_silu_k", "gdn_prep_k"}}
+           "attention_prime": {"attn_prime_"}, "gdn_recurrence_fast": {"gdn_pipe_"}}
 FAST = set().union(*KERNELS.values())
 
 

@@ -30,9 +30,9 @@ from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
-from .graphs import GRAPH_MAX_ROWS, StepRunner, graph_key, graphs_wanted
+from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
-from .modes import DEFAULT_MODE, check_mode, mode_ops, weight_upload
+from .modes import check_mode, mode_ops, weight_upload
 from .rope import rope_tables
 from .weights import Checkpoint
 
@@ -180,12 +180,12 @@ class Engine:
         self._tap("ba", qkvz, c0=nz)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
         mixed = ws("mixed", R, cd)
+        ops.conv1d_silu(qkvz, 0, L["conv"], cache.conv[li], mixed, R, cap_c, capture)
+        self._tap("conv", mixed)
         qn, kn = ws("qn", R, kd), ws("kn", R, kd)
         beta, g = ws("beta", R, nv), ws("g", R, nv)
-        # the conv (into mixed: q ‖ k ‖ v), then q/k L2 norms, beta and g (b ‖ a from column nz)
-        ops.gdn_conv_prep(qkvz, L["conv"], cache.conv[li], mixed, cap_c, capture, kd, cfg.linear_num_key_heads, dk, nz,
-                          nv, L["A_log"], L["dt_bias"], F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
-        self._tap("conv", mixed)
+        ops.gdn_prep(mixed, kd, cfg.linear_num_key_heads, dk, qkvz, nz, nv, L["A_log"], L["dt_bias"],
+                     F32(1.0 / math.sqrt(dk)), qn, kn, beta, g, R)
         for name, a in (("gdn_q", qn), ("gdn_k", kn), ("beta", beta), ("g", g)):
             self._tap(name, a)
         o = ws("gdn_o", R, vd)
@@ -216,35 +216,13 @@ class Engine:
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
         self._tap("attention", att)
+        gated = ws("att_g", R, hq * D)
+        ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+        self._tap("attn_gate", gated)
         mix = ws("mix", R, cfg.hidden_size)
-        if self._fused(R):
-            ops.linear_gate(att, qkv, hq * D, L["o"], mix, R)  # the gate computed as the GEMV reads its input
-        else:
-            gated = ws("att_g", R, hq * D)
-            ops.sigmoid_gate(att, qkv, hq * D, gated, R)
-            self._tap("attn_gate", gated)
-            ops.linear(gated, L["o"], mix, R)
+        ops.linear(gated, L["o"], mix, R)
         self._tap("o_proj", mix)
         return mix
-
-    def _fused(self, R):
-        """Whether a linear layer of R rows runs with the elementwise op before it
-        (``linear_swiglu``, ``linear_gate``: the same bits, one launch less): the steps of at most
-        GRAPH_MAX_ROWS rows (decode, verify, drafts) in exact mode, except while a trace records
-        (it taps the elementwise op's output). Larger launches keep the two ops (the activation
-        buffer is workspace, counted by :func:`~harness.engine.memory.plan`)."""
-        return R <= GRAPH_MAX_ROWS and self._trace is None and self.mode == DEFAULT_MODE
-
-    def _swiglu_linear(self, gu, I, W, out, R, act_name, name):
-        """out = linear(swiglu(gu)) (tapped ``act_name`` then ``name``)."""
-        if self._fused(R):
-            self.ops.linear_swiglu(gu, I, W, out, R)
-        else:
-            act = self.ws(act_name, R, I)
-            self.ops.swiglu_act(gu, I, act, R)
-            self._tap(act_name, act)
-            self.ops.linear(act, W, out, R)
-        self._tap(name, out)
 
     def _mlp(self, L, h, R):
         cfg, ops, ws = self.cfg, self.ops, self.ws
@@ -252,10 +230,13 @@ class Engine:
         mix = ws("mix", R, H)
         if not L["moe"]:
             I = L["inter"]
-            gu = ws("gu", R, 2 * I)
+            gu, act = ws("gu", R, 2 * I), ws("act", R, I)
             ops.linear(h, L["gu"], gu, R)
             self._tap("mlp_gu", gu)
-            self._swiglu_linear(gu, I, L["down"], mix, R, "mlp_act", "mlp_down")
+            ops.swiglu_act(gu, I, act, R)
+            self._tap("mlp_act", act)
+            ops.linear(act, L["down"], mix, R)
+            self._tap("mlp_down", mix)
             return mix
         E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         rl, P = ws("router", R, E), ws("router_p", R, E)
@@ -272,10 +253,13 @@ class Engine:
         sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
         if L["shared"]:
             S = cfg.shared_expert_intermediate_size
-            sgu = ws("sgu", R, 2 * S)
+            sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
             ops.linear(h, L["sgu"], sgu, R)
             self._tap("shared_gu", sgu)
-            self._swiglu_linear(sgu, S, L["sdown"], sh, R, "shared_act", "shared_down")
+            ops.swiglu_act(sgu, S, sact, R)
+            self._tap("shared_act", sact)
+            ops.linear(sact, L["sdown"], sh, R)
+            self._tap("shared_down", sh)
             ops.linear(h, L["sgate"], sgl, R)
             self._tap("shared_gate", sgl)
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
@@ -410,14 +394,11 @@ class Engine:
             logits, hf = self._step(c, key, body, {"ids": ids}, start,
                                     keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
-        # the hidden copy is queued behind the step before the logits' download waits for both;
-        # the last row's view is made while the GPU still runs (a device array's slice costs
-        # tens of µs of host time)
+        # the hidden copy is queued behind the step before the logits' download waits for both
         hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
-        last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags)
-        c.last_h = last_h
+        c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
         return out, hidden

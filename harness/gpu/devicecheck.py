@@ -62,18 +62,6 @@ def op_cases(rng, full: bool = True):
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
         W16 = _w16(rng, N, K, scale=K ** -0.5)
         add("linear", f"bf16-R{R}-K{K}-N{N}", (_r(rng, R, K), W16, np.zeros((R, N), F32), R), [2])
-    # a linear layer after SwiGLU / the attention gate as one op (the GEMV's input prologue up to 8
-    # rows, the two ops above): every GEMV bucket and the GEMM side, the bench's MLP down and
-    # attention o shapes, odd widths (scalar loads), bf16 weights
-    for R in ((1, 2, 4, 5, 8, 9, 17) if full else (1, 9)):
-        for I, N in ((5632, 2048), (37, 70)) if full else ((37, 70),):
-            add("linear_swiglu", f"R{R}-I{I}-N{N}", (_r(rng, R, 2 * I, scale=3.0), I, _r(rng, N, I, scale=I ** -0.5),
-                                                     np.zeros((R, N), F32), R), [3])
-        for C, go, N in ((4096, 4096, 2048), (36, 41, 20)) if full else ((36, 41, 20),):
-            add("linear_gate", f"R{R}-C{C}-go{go}-N{N}", (_r(rng, R, C), _r(rng, R, 2 * C + 9, scale=3.0), go,
-                                                          _r(rng, N, C, scale=C ** -0.5), np.zeros((R, N), F32), R), [4])
-    add("linear_swiglu", "bf16-R4-I1024-N257", (_r(rng, 4, 2048, scale=3.0), 1024, _w16(rng, 257, 1024, scale=1 / 32),
-                                                np.zeros((4, 257), F32), 4), [3])
     for N in ((500, 1024, 8192, 40000) if full else (500, 1024)):
         for R in (1, 2, 4, 5, 8):
             add("linear", f"class-R{R}-K2048-N{N}",
@@ -129,13 +117,6 @@ def op_cases(rng, full: bool = True):
             (_r(rng, R, 2 * kd + nv * dv), kd, hk, dk, _r(rng, R, 7 + 2 * nv), 7, nv,
              np.log(rng.uniform(1, 16, nv)).astype(F32), _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32),
              np.zeros((R, kd), F32), np.zeros((R, nv), F32), np.zeros((R, nv), F32), R), [10, 11, 12, 13])
-        if R <= 9:  # conv + prep as one op: the fused launch up to 8 rows, the two ops at 9
-            C, K = 2 * kd + nv * dv, 4 if dk != 100 else 3
-            add("gdn_conv_prep", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-K{K}-R{R}",
-                (_r(rng, R, C + 5 + 2 * nv), _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32),
-                 np.zeros((R, K - 1, C), F32), True, kd, hk, dk, C + 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),
-                 _r(rng, nv), F32(dk ** -0.5), np.zeros((R, kd), F32), np.zeros((R, kd), F32), np.zeros((R, nv), F32),
-                 np.zeros((R, nv), F32), R), [2, 3, 4, 14, 15, 16, 17])
         q = _r(rng, R, kd, scale=dk ** -0.5)
         k = _r(rng, R, kd, scale=dk ** -0.5)
         add("gdn_recurrence", f"Hk{hk}-Hv{nv}-dk{dk}-dv{dv}-R{R}",
