@@ -107,3 +107,126 @@ def test_device_receipts_record_the_fingerprint():
     assert "code_fingerprint" not in env_info("cpu")
     for mod, n in ((devicecheck, 2), (bench, 1)):
         assert inspect.getsource(mod).count("**evidence_block(REPO)") == n, mod.__name__
+
+
+# ------------------------------------------------------------------------------------------------
+# device-check in shards (--shard I/N, --merge)
+# ------------------------------------------------------------------------------------------------
+def _shard_doc(i, n, units, fp="f" * 64):
+    """What ``device_check(shard=(i, n))`` writes for ``units`` units: units 0..units-3 op cases,
+    the last two model runs with two schedule rows each (rows made up; a failing one at unit 4)."""
+    from harness.gpu.devicecheck import _mine, _summary
+
+    ops_rows, models = [], []
+    for u in range(units):
+        if not _mine(u, (i, n)):
+            continue
+        if u < units - 2:
+            ops_rows.append({"op": f"op{u}", "case": "c", "verdict": "differs" if u == 4 else "bitwise",
+                             "max_ulp": 0, "cpu_s": 0.0, "cuda_s": 0.0, "unit": u})
+        else:
+            for sched in ("tokenwise", "batched"):
+                models.append({"model": f"m{u}", "schedule": sched, "cpu_vs_cuda": "bitwise",
+                               "vs_tokenwise": "bitwise", "unit": u})
+    return {"kind": "device-check", "schema_version": 1, "created": f"2026-12-02T00:00:0{i}Z", "device": "cuda: X",
+            "driver": "1", "commit": "abc", "full": True, "seed": 0, "shard": [i, n], "units": units,
+            "code_fingerprint": fp, "fingerprint_files": [], "ops": ops_rows, "schedules": models,
+            "wall_s": 10.0 + i, "summary": _summary(ops_rows, models)}
+
+
+def test_shards_cover_every_unit_once():
+    from harness.gpu.devicecheck import _mine
+
+    for n in (1, 2, 3, 7):
+        for u in range(50):
+            assert sum(_mine(u, (i, n)) for i in range(n)) == 1
+        assert all(_mine(u, None) for u in range(50))
+
+
+@pytest.mark.parametrize("text,msg", [("3/3", "needs 0 <= I < N"), ("-1/2", "needs 0 <= I < N"),
+                                      ("0/0", "needs 0 <= I < N"), ("a/b", "expected I/N"), ("1", "expected I/N")])
+def test_shard_argument_errors_are_one_line(text, msg):
+    from harness.errors import InputError
+    from harness.gpu.devicecheck import parse_shard
+
+    with pytest.raises(InputError, match=msg):
+        parse_shard(text)
+    assert parse_shard("2/3") == (2, 3)
+
+
+def test_merge_shards_is_the_unsharded_receipt(tmp_path):
+    """Rows back in unit order (a model run's schedule rows kept together, in their order), the
+    summary recounted over all shards, wall time the longest shard's; no shard marks left, so
+    ``harness evidence`` takes the merged receipt and not a shard."""
+    from harness.gpu.devicecheck import merge_shards
+
+    paths = []
+    for i in (2, 0, 1):  # any order on the command line
+        p = tmp_path / f"s{i}.json"
+        p.write_text(json.dumps(_shard_doc(i, 3, 11)))
+        paths.append(str(p))
+    r = merge_shards(paths, str(tmp_path / "all.json"))
+    assert [x["unit"] for x in r["ops"]] == list(range(9))
+    assert [(x["unit"], x["schedule"]) for x in r["schedules"]] == [(9, "tokenwise"), (9, "batched"),
+                                                                    (10, "tokenwise"), (10, "batched")]
+    assert r["summary"] == {"ops": 9, "ops_bitwise": 8, "schedules": 4, "schedules_bitwise": 4}
+    assert r["wall_s"] == 12.0 and r["shards"] == 3 and "shard" not in r and "units" not in r
+    assert json.loads((tmp_path / "all.json").read_text()) == r
+    # evidence: a shard is partial, the merged receipt is the check
+    root = tmp_path / "repo"
+    _tree(root)
+    fp = ev.code_fingerprint(str(root))
+    dev = root / "receipts" / "device"
+    dev.mkdir(parents=True)
+    (dev / "s.json").write_text(json.dumps(_shard_doc(0, 3, 11, fp)))
+    assert [r["status"] for r in ev.check_evidence(str(root))] == ["partial"]
+    (dev / "s.json").write_text(json.dumps({**r, "code_fingerprint": fp}))
+    assert [r["status"] for r in ev.check_evidence(str(root))] == ["current"]
+
+
+def test_merge_shards_refuses_what_is_not_one_whole_check(tmp_path):
+    from harness.errors import InputError
+    from harness.gpu.devicecheck import merge_shards
+
+    def put(name, doc):
+        p = tmp_path / name
+        p.write_text(json.dumps(doc) if isinstance(doc, dict) else doc)
+        return str(p)
+
+    s0, s1, s2 = (put(f"s{i}.json", _shard_doc(i, 3, 11)) for i in range(3))
+    out = str(tmp_path / "out.json")
+    with pytest.raises(InputError, match=r"needs shards 0/3 \.\. 2/3 once each, got 0/3, 1/3"):
+        merge_shards([s0, s1], out)
+    with pytest.raises(InputError, match="once each, got 0/3, 1/3, 1/3"):
+        merge_shards([s0, s1, s1], out)
+    other = put("o.json", _shard_doc(2, 3, 11, fp="0" * 64))
+    with pytest.raises(InputError, match="differ in 'code_fingerprint'"):
+        merge_shards([s0, s1, other], out)
+    whole = put("w.json", {k: v for k, v in _shard_doc(0, 1, 11).items() if k != "shard"})
+    with pytest.raises(InputError, match="is not a shard"):
+        merge_shards([whole], out)
+    with pytest.raises(InputError, match="is not a device-check receipt"):
+        merge_shards([put("m.json", {"kind": "matrix"})], out)
+    with pytest.raises(InputError, match="cannot read"):
+        merge_shards([put("bad.json", "{")], out)
+    assert not os.path.exists(out)  # nothing written on a refusal
+
+
+def test_device_check_shard_and_merge_from_the_command_line(tmp_path, capsys):
+    """--merge needs no GPU and prints the verdict (exit 1 when a case differs); a bad --shard and
+    --merge mixed with a run's options are one-line errors."""
+    from harness.cli import main
+
+    paths = []
+    for i in range(2):
+        p = tmp_path / f"s{i}.json"
+        p.write_text(json.dumps(_shard_doc(i, 2, 8)))
+        paths.append(str(p))
+    out = tmp_path / "all.json"
+    assert main(["device-check", "--merge", *paths, "--out", str(out)]) == 1  # unit 4 differs
+    o, e = capsys.readouterr()
+    assert "device-check FAIL: 5/6 ops bitwise, 4/4 schedules bitwise" in o and out.exists()
+    for argv in (["--shard", "3/3"], ["--merge", paths[0], "--shard", "0/2"]):
+        assert main(["device-check", *argv, "--out", str(tmp_path / "x.json")]) == 2
+        o, e = capsys.readouterr()
+        assert len(e.strip().splitlines()) == 1 and ("needs 0 <= I < N" in e or "joins finished shards" in e), e

@@ -8,7 +8,8 @@
 # on a 4,096-token bench-8l prime on CUDA (issue #12's goal), alone on the GPU.
 # Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
 # each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 300) bounds
-# each job (device-check: T_CHECK, default 480 -- it took 356 s of its 380 at e4fc9b4 --; device-walker: 380).
+# each job (device-check: T_CHECK, default 480, for each of its DC_SHARDS (default 3) processes -- unsharded
+# it took 356 s at e4fc9b4 and ran out of 480 at 927f759 --; device-walker: 380).
 set -uo pipefail
 out=${1:?usage: tools/device_evidence.sh OUTDIR}
 T=${T:-300}
@@ -30,7 +31,17 @@ own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its token
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
-T=${T_CHECK:-480} job device-check $h device-check --out "$res/h200-device-check.json"
+dc_shards() {  # device-check as DC_SHARDS processes side by side (compiling is CPU-bound), then merged
+  local n=${DC_SHARDS:-3} i pids=() rc=0
+  for ((i = 0; i < n; i++)); do
+    timeout "$T" $h device-check --shard "$i/$n" --out "$res/dc-shard$i.json" > "$res/device-check-shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  $h device-check --merge "$res"/dc-shard*.json --out "$res/h200-device-check.json" && rm -f "$res"/dc-shard*.json
+  [ $rc = 0 ]
+}
+T=${T_CHECK:-480} job device-check dc_shards
 T=380 job device-walker $h device-walker --out "$res/h200-walker.json"
 job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
 job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots

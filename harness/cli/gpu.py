@@ -26,9 +26,16 @@ def require_gpu(command: str, what: str) -> None:
 
 
 def cmd_device_check(args) -> int:
-    require_gpu("device-check", "runs every kernel on CUDA against the CPU twin")
-    ops = [x for x in (args.ops or "").split(",") if x] or None
-    r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed, ops=ops)
+    if args.merge:
+        if args.shard or args.ops:
+            raise PrimewalkError("device-check --merge joins finished shards; --shard and --ops belong to the runs")
+        r = devicecheck.merge_shards(args.merge, args.out)
+    else:
+        shard = devicecheck.parse_shard(args.shard) if args.shard else None
+        require_gpu("device-check", "runs every kernel on CUDA against the CPU twin")
+        ops = [x for x in (args.ops or "").split(",") if x] or None
+        r = devicecheck.device_check(args.out, commit=args.commit, full=not args.quick, seed=args.seed, ops=ops,
+                                     shard=shard)
     s = r["summary"]
     ok = s["ops"] == s["ops_bitwise"] and s["schedules"] == s["schedules_bitwise"]
     print(f"device-check {'PASS' if ok else 'FAIL'}: {s['ops_bitwise']}/{s['ops']} ops bitwise, "
@@ -66,6 +73,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ops", help="only these ops' cases, comma-separated, and no schedules (a partial receipt, "
                                  "for kernel work; harness evidence does not accept it)")
+    p.add_argument("--shard", metavar="I/N", help="every N-th op case and model run from the I-th: N of these "
+                                                  "side by side on one GPU, then --merge (a partial receipt)")
+    p.add_argument("--merge", nargs="+", metavar="SHARD.json",
+                   help="join the N shard receipts of one check into the receipt at --out (no GPU needed)")
     p.set_defaults(func=cmd_device_check)
 
     p = sub.add_parser("device-walker", help="prime-walker check and speculative decoding on CUDA vs CPU, digests")

@@ -295,10 +295,36 @@ def schedule_runs(engine, ids, tokenwise_only=False):
     return out
 
 
-def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0, ops=None) -> dict:
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (``--shard``): shard I of N, 0 <= I < N; a one-line error otherwise."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise InputError(f"device-check --shard {text!r}: expected I/N (shard I of N, e.g. 0/3)") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise InputError(f"device-check --shard {text}: needs 0 <= I < N")
+    return i, n
+
+
+def _mine(u: int, shard) -> bool:
+    """Work unit ``u`` (an op case, then a model's schedule runs, numbered on) belongs to ``shard``."""
+    return shard is None or u % shard[1] == shard[0]
+
+
+def _summary(ops_rows, models) -> dict:
+    return {"ops": len(ops_rows), "ops_bitwise": sum(r["verdict"] == "bitwise" for r in ops_rows),
+            "schedules": len(models),
+            "schedules_bitwise": sum(r["cpu_vs_cuda"] == "bitwise" and r["vs_tokenwise"] == "bitwise" for r in models)}
+
+
+def device_check(out_path: str, commit: str | None = None, full: bool = True, seed: int = 0, ops=None,
+                 shard=None) -> dict:
     """Every op case and every schedule of the check models on CUDA against the CPU twin; the
     receipt at ``out_path``. ``ops``: only the cases of these ops and no schedules (a partial
-    receipt, marked ``ops_filter``, which ``harness evidence`` does not take as the check)."""
+    receipt, marked ``ops_filter``, which ``harness evidence`` does not take as the check).
+    ``shard`` ``(I, N)``: every N-th unit of work from the I-th (op cases, then the models' schedule
+    runs), a receipt marked ``shard`` that :func:`merge_shards` joins with the other N - 1 (the
+    kernels compile on the CPU, so N processes on one GPU finish about N times sooner)."""
     from ..engine import backend as bk
     from ..engine import bf16
     from ..engine.model import Engine
@@ -315,43 +341,58 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         if unknown:
             raise InputError(f"device-check --ops: no cases for {', '.join(unknown)} "
                              f"(ops with cases: {', '.join(sorted(known))})")
-    cases = op_cases(rng, full)
+    cases = op_cases(rng, full)  # every shard builds them all: the random inputs follow one stream
     if ops:
         cases = [c for c in cases if c[0] in ops]
     cpu_b = bk.get_backend("cpu")
     gpu_b = bk.get_backend("cuda")
     ops_rows = []
-    for op, cid, args, outs in cases:
+    for u, (op, cid, args, outs) in enumerate(cases):
+        if not _mine(u, shard):
+            continue
         eq, ulp, tc, tg = run_op_case(cpu_b.ops, gpu_b.ops, gpu_b.cuda, op, args, outs)
         ops_rows.append({"op": op, "case": cid, "verdict": "bitwise" if eq else "differs",
-                         "max_ulp": ulp, "cpu_s": round(tc, 6), "cuda_s": round(tg, 6)})
+                         "max_ulp": ulp, "cpu_s": round(tc, 6), "cuda_s": round(tg, 6), "unit": u})
         print(f"op {op:16s} {cid:36s} {'bitwise' if eq else f'DIFFERS max_ulp={ulp}'}", flush=True)
     models = []
     runs = ()
     if not ops:
-        tiny = load_checkpoint(default_model_path())
-        big_cfg = larger_config()
-        big = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
-        q35 = load_checkpoint(model_path("tiny-q35"))  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
+        loaded = {}
+
+        def ck(name):  # loaded on first use: a shard may need none of them
+            if name not in loaded:
+                if name == "tiny":
+                    loaded[name] = load_checkpoint(default_model_path())
+                elif name == "tiny-q35":  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
+                    loaded[name] = load_checkpoint(model_path("tiny-q35"))
+                else:
+                    big_cfg = larger_config()
+                    loaded[name] = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
+            return loaded[name]
+
         # exact-bf16 (issue #19) on tiny and on the bf16 Qwen3.5 checkpoint (its weights f32-resident in the mode)
-        runs = (("tiny", tiny, 130, "exact"), ("larger-random", big, 97 if full else 40, "exact"),
-                ("tiny-q35", q35, 130, "exact"), ("tiny", tiny, 130, "exact-bf16"), ("tiny-q35", q35, 130, "exact-bf16"))
-    for name, ck, T, mode in runs:
-        ids = np.random.default_rng(1).integers(0, ck.config.vocab_size, T).astype(np.int32)
+        runs = (("tiny", 130, "exact"), ("larger-random", 97 if full else 40, "exact"),
+                ("tiny-q35", 130, "exact"), ("tiny", 130, "exact-bf16"), ("tiny-q35", 130, "exact-bf16"))
+    for j, (name, T, mode) in enumerate(runs):
+        u = len(cases) + j
+        if not _mine(u, shard):
+            continue
+        c = ck(name)
+        ids = np.random.default_rng(1).integers(0, c.config.vocab_size, T).astype(np.int32)
         res = {}
         for bname in ("cpu", "cuda"):
-            eng = Engine(ck, bname, mode=mode)
+            eng = Engine(c, bname, mode=mode)
             t0 = time.perf_counter()
             res[bname] = schedule_runs(eng, ids)
             res[bname + "_s"] = time.perf_counter() - t0
         # the CUDA engine without captured steps: every launch from Python, start as a scalar
-        res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(ck, "cuda", graphs=False, mode=mode), ids,
+        res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(c, "cuda", graphs=False, mode=mode), ids,
                                                             tokenwise_only=True)["tokenwise"]
         res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
         scheds = ["tokenwise", "tokenwise-uncaptured", "batched", "split3"]
-        if mode == "exact" and bf16.resolve(None, "cuda", ck) == "bf16":  # the same bits with the weights widened on the host
+        if mode == "exact" and bf16.resolve(None, "cuda", c) == "bf16":  # the same bits with the weights widened on the host
             for sched in ("tokenwise", "batched"):
-                res["cuda"][sched + "-f32-weights"] = schedule_runs(Engine(ck, "cuda", weights="f32"), ids)[sched]
+                res["cuda"][sched + "-f32-weights"] = schedule_runs(Engine(c, "cuda", weights="f32"), ids)[sched]
                 res["cpu"][sched + "-f32-weights"] = res["cpu"][sched]
                 scheds.append(sched + "-f32-weights")
         for sched in scheds:
@@ -364,7 +405,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
                            "cpu_vs_cuda": "bitwise" if same else "differs",
                            "max_ulp": 0 if same else ulp_distance(lc, lg),
                            "vs_tokenwise": "bitwise" if inv else "differs",
-                           "cpu_digest": dc, "cuda_digest": dg})
+                           "cpu_digest": dc, "cuda_digest": dg, "unit": u})
             print(f"model {name:14s} {mode:10s} T={T:4d} {sched:10s} cpu-vs-cuda {models[-1]['cpu_vs_cuda']} "
                   f"schedule-invariant {models[-1]['vs_tokenwise']}", flush=True)
     receipt = {
@@ -372,14 +413,57 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
         "commit": commit, "full": full, "seed": seed, **({"ops_filter": sorted(ops)} if ops else {}),
+        **({"shard": list(shard), "units": len(cases) + len(runs)} if shard else {}),
         "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
         **evidence_block(REPO),
-        "summary": {
-            "ops": len(ops_rows), "ops_bitwise": sum(r["verdict"] == "bitwise" for r in ops_rows),
-            "schedules": len(models),
-            "schedules_bitwise": sum(r["cpu_vs_cuda"] == "bitwise" and r["vs_tokenwise"] == "bitwise" for r in models),
-        },
+        "summary": _summary(ops_rows, models),
     }
+    write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")
+    return receipt
+
+
+# the fields every shard of one check must agree on
+_SHARD_SAME = ("kind", "schema_version", "device", "driver", "commit", "full", "seed", "ops_filter", "units",
+               "code_fingerprint", "fingerprint_files")
+
+
+def merge_shards(paths, out_path: str) -> dict:
+    """Join the N shard receipts of one device-check (``--shard I/N``, I = 0..N-1, each once, the
+    same code, commit, device and seed) into the receipt a single process would have written:
+    op rows and schedule rows in the order of their units, the summary recomputed, ``wall_s`` the
+    longest shard's; ``shards`` records N. One-line errors for anything else."""
+    docs = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError) as e:
+            raise InputError(f"device-check --merge: cannot read {p}: {e}") from None
+        if not isinstance(d, dict) or d.get("kind") != "device-check":
+            raise InputError(f"device-check --merge: {p} is not a device-check receipt")
+        if not d.get("shard"):
+            raise InputError(f"device-check --merge: {p} is not a shard (run with --shard I/N)")
+        docs.append((p, d))
+    if not docs:
+        raise InputError("device-check --merge: no shard receipts given")
+    n = docs[0][1]["shard"][1]
+    got = sorted(d["shard"][0] for _, d in docs)
+    if any(d["shard"][1] != n for _, d in docs) or got != list(range(n)):
+        have = ", ".join(f"{d['shard'][0]}/{d['shard'][1]}" for _, d in docs)
+        raise InputError(f"device-check --merge: needs shards 0/{n} .. {n - 1}/{n} once each, got {have}")
+    first = docs[0][1]
+    for p, d in docs[1:]:
+        for k in _SHARD_SAME:
+            if d.get(k) != first.get(k):
+                raise InputError(f"device-check --merge: {p} and {docs[0][0]} differ in {k!r} "
+                                 "(shards of different checks)")
+    ops_rows = sorted((r for _, d in docs for r in d["ops"]), key=lambda r: r["unit"])
+    models = sorted((r for _, d in docs for r in d["schedules"]), key=lambda r: r["unit"])  # stable: a run's order kept
+    receipt = {k: v for k, v in first.items() if k not in ("shard", "units", "ops", "schedules", "summary")}
+    receipt.update({
+        "created": max(d["created"] for _, d in docs), "shards": n,
+        "ops": ops_rows, "schedules": models, "wall_s": max(d["wall_s"] for _, d in docs),
+        "summary": _summary(ops_rows, models)})
     write_text_atomic(out_path, json.dumps(receipt, indent=1, sort_keys=True) + "\n")
     return receipt
 

@@ -140,8 +140,8 @@ def check_evidence(root: str) -> list[dict]:
             facts = receipt_facts(doc) if isinstance(doc, dict) else {}
             fp = facts.get("fingerprint")
             status = "unstamped" if not fp else ("current" if fp == want else "stale")
-            if isinstance(doc, dict) and doc.get("ops_filter"):
-                status = "partial"  # device-check --ops: some ops' cases only
+            if isinstance(doc, dict) and (doc.get("ops_filter") or doc.get("shard")):
+                status = "partial"  # device-check --ops (some ops' cases) or --shard (every N-th unit)
             rows.append({"path": rel, **facts, "status": status})
     return rows
 
