@@ -129,7 +129,7 @@ def _shard_doc(i, n, units, fp="f" * 64):
                 models.append({"model": f"m{u}", "schedule": sched, "cpu_vs_cuda": "bitwise",
                                "vs_tokenwise": "bitwise", "unit": u})
     return {"kind": "device-check", "schema_version": 1, "created": f"2026-12-02T00:00:0{i}Z", "device": "cuda: X",
-            "driver": "1", "commit": "abc", "full": True, "seed": 0, "shard": [i, n], "units": units,
+            "driver": "1", "commit": "abc", "full": True, "seed": 0, "shard": {"index": i, "count": n}, "units": units,
             "code_fingerprint": fp, "fingerprint_files": [], "ops": ops_rows, "schedules": models,
             "wall_s": 10.0 + i, "summary": _summary(ops_rows, models)}
 
@@ -182,6 +182,13 @@ def test_merge_shards_is_the_unsharded_receipt(tmp_path):
     assert [r["status"] for r in ev.check_evidence(str(root))] == ["partial"]
     (dev / "s.json").write_text(json.dumps({**r, "code_fingerprint": fp}))
     assert [r["status"] for r in ev.check_evidence(str(root))] == ["current"]
+    # a matrix receipt names its shard the same way: the whole matrix (one shard of one) is evidence
+    (dev / "m.json").write_text(json.dumps({"kind": "matrix", "env": {"code_fingerprint": fp},
+                                            "shard": {"index": 0, "count": 1}}))
+    assert [r["status"] for r in ev.check_evidence(str(root))] == ["current", "current"]
+    (dev / "m.json").write_text(json.dumps({"kind": "matrix", "env": {"code_fingerprint": fp},
+                                            "shard": {"index": 1, "count": 2}}))
+    assert [r["status"] for r in ev.check_evidence(str(root))] == ["partial", "current"]
 
 
 def test_merge_shards_refuses_what_is_not_one_whole_check(tmp_path):

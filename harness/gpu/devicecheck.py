@@ -413,7 +413,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
         "commit": commit, "full": full, "seed": seed, **({"ops_filter": sorted(ops)} if ops else {}),
-        **({"shard": list(shard), "units": len(cases) + len(runs)} if shard else {}),
+        **({"shard": {"index": shard[0], "count": shard[1]}, "units": len(cases) + len(runs)} if shard else {}),
         "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
         **evidence_block(REPO),
         "summary": _summary(ops_rows, models),
@@ -441,15 +441,15 @@ def merge_shards(paths, out_path: str) -> dict:
             raise InputError(f"device-check --merge: cannot read {p}: {e}") from None
         if not isinstance(d, dict) or d.get("kind") != "device-check":
             raise InputError(f"device-check --merge: {p} is not a device-check receipt")
-        if not d.get("shard"):
+        if not isinstance(d.get("shard"), dict):
             raise InputError(f"device-check --merge: {p} is not a shard (run with --shard I/N)")
         docs.append((p, d))
     if not docs:
         raise InputError("device-check --merge: no shard receipts given")
-    n = docs[0][1]["shard"][1]
-    got = sorted(d["shard"][0] for _, d in docs)
-    if any(d["shard"][1] != n for _, d in docs) or got != list(range(n)):
-        have = ", ".join(f"{d['shard'][0]}/{d['shard'][1]}" for _, d in docs)
+    n = docs[0][1]["shard"]["count"]
+    got = sorted(d["shard"]["index"] for _, d in docs)
+    if any(d["shard"]["count"] != n for _, d in docs) or got != list(range(n)):
+        have = ", ".join(f"{d['shard']['index']}/{d['shard']['count']}" for _, d in docs)
         raise InputError(f"device-check --merge: needs shards 0/{n} .. {n - 1}/{n} once each, got {have}")
     first = docs[0][1]
     for p, d in docs[1:]:

@@ -140,10 +140,17 @@ def check_evidence(root: str) -> list[dict]:
             facts = receipt_facts(doc) if isinstance(doc, dict) else {}
             fp = facts.get("fingerprint")
             status = "unstamped" if not fp else ("current" if fp == want else "stale")
-            if isinstance(doc, dict) and (doc.get("ops_filter") or doc.get("shard")):
-                status = "partial"  # device-check --ops (some ops' cases) or --shard (every N-th unit)
+            if isinstance(doc, dict) and (doc.get("ops_filter") or _shard_count(doc) > 1):
+                status = "partial"  # device-check --ops (some ops' cases), one shard of several
             rows.append({"path": rel, **facts, "status": status})
     return rows
+
+
+def _shard_count(doc: dict) -> int:
+    """How many shards the receipt is one of (``"shard": {"index", "count"}``, as matrix receipts
+    and ``device-check --shard`` write it); 1 when it has none."""
+    shard = doc.get("shard")
+    return int(shard.get("count", 1)) if isinstance(shard, dict) else 1
 
 
 def _short(x, n=10):
