@@ -38,6 +38,7 @@ dc_shards() {  # device-check as DC_SHARDS processes side by side (compiling is 
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  cat "$res"/device-check-shard*.log  # every case's line in device-check.log (the job's log), then the verdict
   $h device-check --merge "$res"/dc-shard*.json --out "$res/h200-device-check.json" && rm -f "$res"/dc-shard*.json
   [ $rc = 0 ]
 }
