@@ -323,8 +323,8 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     receipt at ``out_path``. ``ops``: only the cases of these ops and no schedules (a partial
     receipt, marked ``ops_filter``, which ``harness evidence`` does not take as the check).
     ``shard`` ``(I, N)``: every N-th unit of work from the I-th (op cases, then the models' schedule
-    runs), a receipt marked ``shard`` that :func:`merge_shards` joins with the other N - 1 (the
-    kernels compile on the CPU, so N processes on one GPU finish about N times sooner)."""
+    runs), a receipt marked ``shard`` that :func:`merge_shards` joins with the other N - 1 (most of
+    the check's time is compiling kernels on the CPU, which N processes on one GPU share out)."""
     from ..engine import backend as bk
     from ..engine import bf16
     from ..engine.model import Engine
@@ -357,18 +357,13 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     models = []
     runs = ()
     if not ops:
+        big_cfg = larger_config()
+        loaders = {  # each loaded on first use: a shard may need none of them
+            "tiny": lambda: load_checkpoint(default_model_path()),
+            "larger-random": lambda: Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7"),
+            "tiny-q35": lambda: load_checkpoint(model_path("tiny-q35")),  # Qwen3.5 layout, bf16: bf16-resident on CUDA
+        }
         loaded = {}
-
-        def ck(name):  # loaded on first use: a shard may need none of them
-            if name not in loaded:
-                if name == "tiny":
-                    loaded[name] = load_checkpoint(default_model_path())
-                elif name == "tiny-q35":  # Qwen3.5 layout, bf16: bf16-resident on CUDA (auto)
-                    loaded[name] = load_checkpoint(model_path("tiny-q35"))
-                else:
-                    big_cfg = larger_config()
-                    loaded[name] = Checkpoint(big_cfg, random_tensors(big_cfg, seed=7), "random:larger", "random-seed-7")
-            return loaded[name]
 
         # exact-bf16 (issue #19) on tiny and on the bf16 Qwen3.5 checkpoint (its weights f32-resident in the mode)
         runs = (("tiny", 130, "exact"), ("larger-random", 97 if full else 40, "exact"),
@@ -377,7 +372,9 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         u = len(cases) + j
         if not _mine(u, shard):
             continue
-        c = ck(name)
+        if name not in loaded:
+            loaded[name] = loaders[name]()
+        c = loaded[name]
         ids = np.random.default_rng(1).integers(0, c.config.vocab_size, T).astype(np.int32)
         res = {}
         for bname in ("cpu", "cuda"):
