@@ -168,6 +168,24 @@ def add_partials(acc, parts, m):
 
 
 @body
+def add_partials8(acc, parts, m):
+    """:func:`add_partials` with the loads of eight partials issued before their adds (a block's
+    partials in shared memory: one load latency per eight adds, not one per add); the same
+    additions in the same order."""
+    s = 0
+    while s + 8 <= m:
+        p0, p1, p2, p3 = parts[s], parts[s + 1], parts[s + 2], parts[s + 3]
+        p4, p5, p6, p7 = parts[s + 4], parts[s + 5], parts[s + 6], parts[s + 7]
+        acc = add_partial(add_partial(add_partial(add_partial(acc, p0), p1), p2), p3)
+        acc = add_partial(add_partial(add_partial(add_partial(acc, p4), p5), p6), p7)
+        s += 8
+    while s < m:
+        acc = add_partial(acc, parts[s])
+        s += 1
+    return acc
+
+
+@body
 def dot(a, b, n):
     """Σ a[i]·b[i] for i < n (1-D views) in the canonical slice order."""
     acc = ZERO

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .elementwise import nonfinite
-from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
+from .exact import F32, ONE, SLICE, ZERO, add_partials8, dot_rows, fma_chain, silu32
 from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
@@ -65,7 +65,7 @@ def block_sumsq(X, r, off, n, ps, tid, nt):
             ps[tid] = sq_chain(X, r, off + k, min(SLICE, n - k))
         barrier()
         if tid == 0:
-            acc = add_partials(acc, ps, (min(per, n - c0) + SLICE - 1) // SLICE)
+            acc = add_partials8(acc, ps, (min(per, n - c0) + SLICE - 1) // SLICE)
         barrier()
     if tid == 0:
         ps[nt] = acc
@@ -77,6 +77,26 @@ def block_sumsq(X, r, off, n, ps, tid, nt):
 def norm_val(x, inv, w):
     """One zero-centred norm output: x·inv·(1 + w)."""
     return fmul(fmul(x, inv), ONE + w)
+
+
+@body
+def norm_span4(X, r, xo, n, w, inv, out, oo, i0, step):
+    """:func:`norm_span` by one thread of a block, four items at a time: the four x and w loads
+    issued before the four stores (a store may alias a later load, so the compiler would not move
+    the loads up itself); the same outputs."""
+    for i in range(i0, n, 4 * step):
+        i1, i2, i3 = i + step, i + 2 * step, i + 3 * step
+        x0, w0 = X[r, xo + i], w[i]
+        x1, w1 = (X[r, xo + i1], w[i1]) if i1 < n else (ZERO, ZERO)
+        x2, w2 = (X[r, xo + i2], w[i2]) if i2 < n else (ZERO, ZERO)
+        x3, w3 = (X[r, xo + i3], w[i3]) if i3 < n else (ZERO, ZERO)
+        out[r, oo + i] = norm_val(x0, inv, w0)
+        if i1 < n:
+            out[r, oo + i1] = norm_val(x1, inv, w1)
+        if i2 < n:
+            out[r, oo + i2] = norm_val(x2, inv, w2)
+        if i3 < n:
+            out[r, oo + i3] = norm_val(x3, inv, w3)
 
 
 @body
@@ -123,7 +143,7 @@ def rmsnorm_k(X, w, eps, out, oo, R):
     ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
     inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("rmsnorm")
@@ -141,6 +161,30 @@ def add_span(X, D, r, i0, n, step):
         v = X[r, i] + D[r, i]
         X[r, i] = v
         if nonfinite(v):
+            bad = True
+    return bad
+
+
+@body
+def add_span4(X, D, r, i0, n, step):
+    """:func:`add_span` by one thread of a block, four items at a time (the loads of four sums
+    issued before their stores, as :func:`norm_span4`); the same sums and flag."""
+    bad = False
+    for i in range(i0, n, 4 * step):
+        i1, i2, i3 = i + step, i + 2 * step, i + 3 * step
+        x0, d0 = X[r, i], D[r, i]
+        x1, d1 = (X[r, i1], D[r, i1]) if i1 < n else (ZERO, ZERO)
+        x2, d2 = (X[r, i2], D[r, i2]) if i2 < n else (ZERO, ZERO)
+        x3, d3 = (X[r, i3], D[r, i3]) if i3 < n else (ZERO, ZERO)
+        v0, v1, v2, v3 = x0 + d0, x1 + d1, x2 + d2, x3 + d3
+        X[r, i] = v0
+        if i1 < n:
+            X[r, i1] = v1
+        if i2 < n:
+            X[r, i2] = v2
+        if i3 < n:
+            X[r, i3] = v3
+        if nonfinite(v0) or nonfinite(v1) or nonfinite(v2) or nonfinite(v3):
             bad = True
     return bad
 
@@ -166,11 +210,11 @@ def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot):
     r = cuda.blockIdx.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
-    if add_span(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x) and slot >= 0:
+    if add_span4(X, D, r, cuda.threadIdx.x, N, cuda.blockDim.x) and slot >= 0:
         flags[slot] = 1
     barrier()
     inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("add_rmsnorm")
@@ -196,7 +240,7 @@ def head_rmsnorm_k(X, xo, heads, D, w, eps, out, R):
     ps = cuda.shared.array(PS_WORDS, np.float32)
     off = xo + h * D
     inv = rms_scale(block_sumsq(X, r, off, D, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
-    norm_span(X, r, off, D, w, inv, out, h * D, cuda.threadIdx.x, cuda.blockDim.x)
+    norm_span4(X, r, off, D, w, inv, out, h * D, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("head_rmsnorm")
