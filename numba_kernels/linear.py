@@ -26,6 +26,10 @@ slice (``fma_chain``); slice partials added left to right into an accumulator th
   from −0 to +0, and an accumulator that starts at +0 is never −0, so adding a −0 or a +0 partial
   gives the same bits.
 
+``linear_flag`` is ``linear`` then ``nonfinite_flag`` of its output (the lm head): up to 8 rows
+the GEMV checks each output as it stores it (``GemvCfg.EP`` "flag"), past 8 rows the GEMM and the
+flag kernel.
+
 Which one runs is :mod:`numba_kernels.dispatch`'s table. Both generated kernels were timed on an
 H200 (``receipts/probes/``): the GEMM at 38-39 TFLOP/s on the bench shapes (cuBLAS SGEMM 46-51),
 the GEMVs of a bench-8l decode step at 1.12× the copy-bandwidth floor.
@@ -41,6 +45,7 @@ import numpy as np
 from . import dispatch
 from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
 from .exact import SLICE, dot_rows
+from .elementwise import nonfinite, nonfinite_flag_cuda
 from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
                    prange, twin, zero_buffer)
 
@@ -103,6 +108,7 @@ class GemvCfg:
     MO: int = 1      # tile slices per lane: MO output rows share each X load
     BF16: bool = False  # W holds bf16 bit patterns (uint16)
     VEC: bool = True  # 128-bit loads (K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows); else scalar
+    EP: str = ""  # the epilogue (GEMV_EPILOGUES): "flag" (linear_flag)
 
     SP = property(lambda c: 32 // c.OW)
     NW = property(lambda c: c.NOG * c.NG)
@@ -124,15 +130,18 @@ class GemvCfg:
 
     def name(self):
         return (f"gemv_{'bf16' if self.BF16 else 'f32'}_R{self.RB}_ow{self.OW}_og{self.NOG}_ng{self.NG}_pf{self.PF}"
-                f"_mo{self.MO}{'' if self.VEC else '_scalar'}")
+                f"_mo{self.MO}{'' if self.VEC else '_scalar'}{'_' + self.EP if self.EP else ''}")
 
     def check(self):
         if not (self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1 and self.PF in (1, 2, 3)
-                and self.MO in (1, 2) and self.NT <= 1024 and self.smem_bytes <= STATIC_SMEM):
+                and self.MO in (1, 2) and self.NT <= 1024 and self.smem_bytes <= STATIC_SMEM
+                and self.EP in GEMV_EPILOGUES):
             raise ValueError(f"{self.name()}: not a valid GEMV configuration ({self.smem_bytes} B of shared memory)")
         return self
 
 
+# "flag": each output checked for NaN/Inf as it is stored (linear_flag)
+GEMV_EPILOGUES = ("", "flag")
 GEMV_LARGE_N = 8192  # from here on, output groups alone give every SM several blocks
 GEMV_TINY_N = 1024  # below, one row gets 8 warps splitting each chunk of 4 outputs
 GEMV_HUGE_N = 32768  # (the lm head) 8 rows: two W rows per lane, two output groups per block
@@ -187,10 +196,10 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
 
 
 @generator
-def gemv_config(N, K, R, bf16, vec_ok):
+def gemv_config(N, K, R, bf16, vec_ok, ep=""):
     """The configuration ``gemv`` runs: :func:`gemv_pick`, with 128-bit loads where ``vec_ok`` (16-byte
-    aligned rows) and K allows them."""
-    return gemv_pick(N, K, R, bf16, vec_ok and K % (8 if bf16 else 4) == 0)
+    aligned rows) and K allows them, and the epilogue ``ep``."""
+    return dataclasses.replace(gemv_pick(N, K, R, bf16, vec_ok and K % (8 if bf16 else 4) == 0), EP=ep).check()
 
 
 def _gemv_devices(c: GemvCfg) -> str:
@@ -279,7 +288,7 @@ def _gemv_kernel(c: GemvCfg) -> str:
     L = []
     a = L.append
 
-    a("def kern(X, XS, W, K, N, out, R, Z):")
+    a("def kern(X, XS, W, K, N, out, R, Z, flags, slot):" if c.EP == "flag" else "def kern(X, XS, W, K, N, out, R, Z):")
     for s in sets:  # numba wants every register defined on every path
         for i in range(NL):
             a(f"    {s}{i}_0 = {s}{i}_1 = {s}{i}_2 = {s}{i}_3 = {zero}")
@@ -434,6 +443,9 @@ def _gemv_kernel(c: GemvCfg) -> str:
         a(f"    o = blk * {OB} + e % {OB}")
         a(f"    if e < {RB * OB} and r < R and o < N:")
         a(f"        out[r, o] = acc{m}")
+        if c.EP == "flag":
+            a(f"        if nonfinite(acc{m}):")
+            a("            flags[slot] = 1")
     return "\n".join(L) + "\n"
 
 
@@ -447,21 +459,53 @@ def gemv_source(c: GemvCfg) -> KernelSource:
 
 
 @launcher(of="linear")
-def gemv(X, W, out, R, cfg=None):
+def gemv(X, W, out, R, cfg=None, flag=()):
     """R ≤ GEMV_MAX_ROWS rows (``cfg``: a :class:`GemvCfg`, default :func:`gemv_pick`'s). X C-contiguous;
-    W [N, K] float32 or uint16 (bf16 bits), C-contiguous."""
+    W [N, K] float32 or uint16 (bf16 bits), C-contiguous. ``flag``: (flags, slot) for the epilogue
+    that raises flags[slot] on a non-finite output (``linear_flag``)."""
     N, K = W.shape
     if R <= 0 or N == 0:
         return
     bf16 = W.dtype == np.uint16
     vec_ok = X.shape[1] % 4 == 0 and aligned(X) and aligned(W)
+    ep = "flag" if flag else ""
     if cfg is None:
-        cfg = gemv_config(N, K, R, bf16, vec_ok)
-    elif cfg.BF16 != bf16 or R > cfg.RB or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0)):
-        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}")
+        cfg = gemv_config(N, K, R, bf16, vec_ok, ep)
+    elif (cfg.BF16 != bf16 or cfg.EP != ep or R > cfg.RB
+          or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0))):
+        raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}"
+                         f"{', epilogue ' + ep if ep else ''}")
     k = generated(gemv_source, cfg)
     launch(k, (N + cfg.OB - 1) // cfg.OB, k.threads, X.reshape(X.shape[0] * X.shape[1]), X.shape[1],
-           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8))
+           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8), *flag)
+
+
+# ------------------------------------------------------------------------------------------------
+# the lm head: a linear layer that checks its outputs for NaN/Inf
+# ------------------------------------------------------------------------------------------------
+@twin("linear_flag", parallel=True)
+def linear_flag_cpu(X, W, out, R, flags, slot):
+    """``linear(X, W, out, R)``, then ``nonfinite_flag(out, R, flags, slot)``: flags[slot] = 1 when
+    an output is NaN or ±inf (the lm head and its logits)."""
+    N = W.shape[0]
+    for ro in prange(R * N):
+        r = ro // N
+        linear_at(X, W, out, r, ro - r * N)
+    for r in range(R):
+        for o in range(N):
+            if nonfinite(out[r, o]):
+                flags[slot] = 1
+
+
+@launcher("linear_flag")
+def linear_flag_cuda(X, W, out, R, flags, slot):
+    """Up to GEMV_MAX_ROWS rows the GEMV checking each output as it stores it (``GemvCfg.EP``
+    "flag"); more rows the GEMM, then ``nonfinite_flag``."""
+    if dispatch.pick("linear", R) == "gemv":
+        gemv(X, W, out, R, None, (flags, slot))
+    elif R > 0:
+        gemm(X, W, out, R)
+        nonfinite_flag_cuda(out, R, flags, slot)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -149,6 +149,12 @@ def op_cases():
                                      np.zeros(1, np.int32), -1), [0, 4, 7])
     case("add_rmsnorm", "R2-N96", (r(2, 96), r(2, 96), r(96, scale=0.1), 1e-6, np.zeros((2, 96), F32), 0, 2,
                                    np.zeros(1, np.int32), 0), [0, 4, 7])
+    # the lm head's linear + NaN/Inf flag: each GEMV bucket, the GEMM side; a NaN row in and out of R
+    for R in (1, 2, 5, 8, 9):
+        A = r(R + 1, 40)
+        A[R - 1 if R in (2, 9) else R, 7] = np.nan
+        case("linear_flag", f"R{R}-K40-N70", (A, r(70, 40, scale=0.2), np.zeros((R + 1, 70), F32), R,
+                                              np.zeros(2, np.int32), 1), [2, 4], rows=R)
     case("head_rmsnorm", "R2-H1-D1100", (r(2, 1100), 0, 1, 1100, r(1100, scale=0.1), F32(1e-6), np.zeros((2, 1100), F32),
                                          2), [6])
     case("head_rmsnorm", "R3-H2-D40-xo9", (r(3, 90), 9, 2, 40, r(40, scale=0.1), F32(1e-6), np.zeros((3, 80), F32), 3),

@@ -68,9 +68,12 @@ def test_host_helpers_and_versions():
     assert set(versions) == {"linear_naive", "gemv", "gemm", "attention_tiled", "attention_split", "attention_prime",
                              "gdn_recurrence_naive", "gdn_recurrence_fast", "linear_mma_naive", "attention_mma_naive",
                              "attention_mma_tiled", "attention_mma_split"}
-    for n, of in versions.items():  # the op's parameters, then at most a configuration (cfg=None)
+    for n, of in versions.items():  # the op's parameters, then optional ones of its own: a configuration
+        # (cfg=None) first, then any others (gemv's epilogue arguments), so that a version runs as its op
         mine, op = list(SIGS[n]["cuda"].parameters.values()), list(SIGS[of]["cuda"].parameters.values())
-        assert mine[:len(op)] == op and [(p.name, p.default) for p in mine[len(op):]] in ([], [("cfg", None)]), (n, of)
+        extra = mine[len(op):]
+        assert mine[:len(op)] == op and all(p.default is not inspect.Parameter.empty for p in extra), (n, of)
+        assert not extra or (extra[0].name, extra[0].default) == ("cfg", None), (n, of)
 
 
 def test_cpu_front_door_is_the_tags():

@@ -505,6 +505,26 @@ def test_add_rmsnorm_is_add_then_rmsnorm(R, N):
         check_op("add_rmsnorm", f"R{R}-N{N}", [("out", out[fin, N:], want)])
 
 
+@pytest.mark.parametrize("R", [1, 5, 9])
+def test_linear_flag_is_linear_then_nonfinite_flag(R):
+    """The lm head's fused op: the outputs are ``linear``'s bits, the flag ``nonfinite_flag``'s --
+    raised by a NaN or an overflow to inf in rows < R, not by one in a row past R."""
+    rng = np.random.default_rng(R)
+    X, W = rnd(rng, R + 1, 40), rnd(rng, 70, 40, scale=0.2)
+    for bad in (None, (R - 1, np.nan), (0, 3e38), (R, np.nan)):
+        Xb = X.copy()
+        if bad is not None:
+            Xb[bad[0], 7 if bad[1] != 3e38 else slice(None)] = bad[1]  # a NaN; a row of 3e38: sums overflow
+        out, flags = np.zeros((R + 1, 70), F32), np.zeros(2, np.int32)
+        cpu.linear_flag(Xb, W, out, R, flags, 1)
+        out2, flags2 = np.zeros((R + 1, 70), F32), np.zeros(2, np.int32)
+        cpu.linear(Xb, W, out2, R)
+        cpu.nonfinite_flag(out2, R, flags2, 1)
+        np.testing.assert_array_equal(out.view(np.uint32), out2.view(np.uint32))
+        assert flags.tolist() == flags2.tolist() == [0, int(bad is not None and bad[0] < R)]
+        assert bad is None or bad[0] == R or not np.isfinite(out[bad[0]]).all()
+
+
 @pytest.mark.parametrize("R,N", [(5, 64), (3, 2048), (9, 36)])
 def test_rmsnorm(R, N):
     rng = np.random.default_rng(N + R)

@@ -3,7 +3,10 @@
 # the default matrix on CUDA diffed with the golden CPU digests, then (alone on the GPU) the decode
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
 #   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
-# SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, ~3 min).
+# SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, ~3 min;
+# bounded by T_SWEEP, default 200 s). AB="--norm-epilogue-rows 0" runs the decode profile again with those options.
+# The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
+# so that what finished comes back.
 set -uo pipefail
 out=${1:?usage: tools/dev_check.sh OUTDIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
@@ -21,13 +24,18 @@ echo "parallel part $(( $(date +%s) - s )) s" >> "$out/jobs.txt"
 cat "$out/jobs.txt"; tail -n 3 "$out"/dc.log "$out/diff.txt" 2>/dev/null
 python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} > "$out/profile.log" 2>&1
 echo "profile exit $?" >> "$out/jobs.txt"; cut -c1-1500 "$out/profile.log"
+if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one setting, e.g. --norm-epilogue-rows 0)
+  python tools/decode_profile.py --out "$out/profile-ab.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $AB \
+    > "$out/profile-ab.log" 2>&1
+  echo "profile-ab exit $?" >> "$out/jobs.txt"; cut -c1-300 "$out/profile-ab.log"
+fi
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
     python tools/decode_profile.py --out "$out/x.json" --rows 1 --ncu-step 1 > "$out/ncu-R1.csv" 2> "$out/ncu.log"
   python tools/ncu_summary.py "$out/ncu-R1.csv"
 fi
 if [ "${SWEEP:-0}" = 1 ]; then
-  python tools/decode_kernels.py --out "$out/kernels.json" --sweep > "$out/kernels.log" 2>&1
+  timeout "${T_SWEEP:-200}" python tools/decode_kernels.py --out "$out/kernels.json" --sweep > "$out/kernels.log" 2>&1
   echo "kernels exit $?" >> "$out/jobs.txt"; grep "^sweep" "$out/kernels.log"
 fi
 echo "total $(( $(date +%s) - s )) s"

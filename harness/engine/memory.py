@@ -28,6 +28,7 @@ import numpy as np
 
 from .cache import Cache
 from .config import ModelConfig
+from .modes import DEFAULT_MODE
 from .weights import mtp_shapes, trunk_shapes
 
 
@@ -99,7 +100,7 @@ def plan(cfg: ModelConfig, max_ctx: int, rows: int, logits_rows: int = 1, keep_h
     eng = Engine.__new__(Engine)
     eng.cfg, eng.B, eng.ops, eng._ws, eng.graphs = cfg, B, B.ops, {}, False
     eng.has_mtp = cfg.has_mtp
-    eng.check_finite, eng._flag_buf, eng._trace = False, None, None
+    eng.check_finite, eng._flag_buf, eng._trace, eng.mode = False, None, None, DEFAULT_MODE
     eng._no_flags = B.empty((1,), np.int32)
     eng.layers = [_Layer(kind=kind, moe=cfg.is_moe_layer(i), name=f"model.layers.{i}",
                          inter=cfg.intermediate_size, shared=cfg.shared_expert_intermediate_size > 0)

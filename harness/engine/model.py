@@ -287,6 +287,13 @@ class Engine:
         self._tap("in_norm", h)
         return h
 
+    def _fused(self):
+        """Whether this step runs the fused op ``linear_flag`` (the lm head checking its logits as
+        it stores them): in exact mode (its GEMV is the float32 one) and outside a trace (bisect
+        taps and faults each op's own output, so a traced step runs the ops one by one; the bits
+        are the same)."""
+        return self.mode == "exact" and self._trace is None
+
     def _add_norm(self, x, mix, w, out, R, flags, slot, name):
         """A layer's last residual add and the norm after it (the next layer's input norm, or the
         final one, tapped as ``name``) in one launch: ``x += mix``, the layer's NaN/Inf flag on
@@ -419,10 +426,14 @@ class Engine:
             else:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
         logits = self.ws("logits", n, cfg.vocab_size)
-        ops.linear(hf[R - n:], self.lm_head, logits, n)
-        self._tap("logits", logits, lo=R - n)  # the last n rows
-        if flags is not None:
-            ops.nonfinite_flag(logits, n, flags, len(self.layers))
+        if flags is not None and self._fused():  # the lm head checks its logits as it writes them
+            ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, len(self.layers))
+            self._tap("logits", logits, lo=R - n)  # the last n rows
+        else:
+            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            self._tap("logits", logits, lo=R - n)
+            if flags is not None:
+                ops.nonfinite_flag(logits, n, flags, len(self.layers))
         return logits[:n], hf[:R]
 
     def prime_chunk(self, sess, ids):

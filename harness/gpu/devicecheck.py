@@ -86,6 +86,15 @@ def op_cases(rng, full: bool = True):
                                           N, R, np.zeros(3, np.int32), 1), [0, 4, 7])
         add("add_rmsnorm", f"R{R}-N{N}-finite", (_r(rng, R, N), _r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6),
                                                  np.zeros((R, N), F32), 0, R, np.zeros(2, np.int32), 0), [0, 4, 7])
+    # the lm head's linear + NaN/Inf flag (the GEMV checks each output it stores): the bench's
+    # vocabulary at 1 and 5 rows, every bucket at an odd width, the GEMM side; a NaN input row
+    W_head = _r(rng, 151936, 2048, scale=2048 ** -0.5) if full else None  # 1.2 GB: one for both rows
+    for R, K, N in ([(1, 2048, 151936), (5, 2048, 151936)] if full else []) + [(R, 37, 70) for R in (1, 2, 4, 5, 8, 9)]:
+        A = _r(rng, R, K)
+        if K == 37 and R in (2, 9):
+            A[R - 1, 3] = np.nan
+        W = W_head if N == 151936 else _r(rng, N, K, scale=K ** -0.5)
+        add("linear_flag", f"R{R}-K{K}-N{N}", (A, W, np.zeros((R, N), F32), R, np.zeros(2, np.int32), 1), [2, 4])
     for R, H, D in ([(3, 32, 128), (20, 4, 16), (2, 3, 1100)] if full else [(20, 4, 16)]):
         add("gated_rmsnorm", f"R{R}-H{H}-D{D}",
             (_r(rng, R, H * D), _r(rng, R, 3 * H * D), 2 * H * D, H, D, _r(rng, D), F32(1e-6), np.zeros((R, H * D), F32), R), [7])
