@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Decode-step kernels on the GPU, in isolation: the GEMV (``numba_kernels.linear.gemv``, its
 configuration per (N, K, R) from ``gemv_pick``; float32 and bf16 weights) at the bench-8l decode
-shapes and rmsnorm, each timed with CUDA events over repeated launches; the GEMV and the GEMM
+shapes and rmsnorm, each timed with CUDA events around a CUDA graph of repeated launches (the
+device's time, not the host's launch rate); the GEMV and the GEMM
 checked bit for bit against the CPU twin on ragged shapes (1-8 rows, the GEMM just above).
 Writes JSON; exit 1 when a kernel differs.
 
@@ -67,14 +68,22 @@ def main(argv=None) -> int:
     start, stop = cuda.event(), cuda.event()
 
     def timed(fn):
+        """µs of device time per call of ``fn`` (kernel launches only): ``args.reps`` calls
+        captured in one CUDA graph, the graph replayed between two events. Launched one by one
+        from Python the GPU waits on the host: a numba launch costs ~90 µs of host time on the
+        H200's machine, more than a 2,048-output GEMV runs, so eager timings of the small
+        kernels measured the launches (every configuration ~92 µs in the sweep of c0b5f5b)."""
         fn()
         cuda.synchronize()
+        graph, _ = kc.capture(lambda: [fn() for _ in range(args.reps)])
+        graph.replay()
+        cuda.synchronize()
         start.record()
-        for _ in range(args.reps):
-            fn()
+        for _ in range(3):
+            graph.replay()
         stop.record()
         stop.synchronize()
-        return cuda.event_elapsed_time(start, stop) / args.reps * 1e3  # µs
+        return cuda.event_elapsed_time(start, stop) / (3 * args.reps) * 1e3  # µs
 
     # bench-8l decode GEMVs (R = 1): qkvz+ba, out, gate+up, down, attention qkv, o, lm head
     for name, K, N in [("gdn in", 2048, 12288 + 64), ("gdn out", 4096, 2048), ("mlp gate+up", 2048, 11264),
