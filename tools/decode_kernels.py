@@ -28,7 +28,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
+    ap.add_argument("--sweep-rows", default="1,5", help="the sweep's row counts (comma-separated, 1-8)")
+    ap.add_argument("--cold-mb", type=float, default=256.0,
+                    help="each timed launch reads a weight copy other than the previous launches' until this many MB "
+                         "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
+                         "copy, L2-warm for weights that fit")
     args = ap.parse_args(argv)
+    try:
+        sweep_rows = tuple(int(r) for r in args.sweep_rows.split(","))
+    except ValueError:
+        sweep_rows = ()
+    if not sweep_rows or not all(1 <= r <= 8 for r in sweep_rows):
+        ap.error(f"--sweep-rows {args.sweep_rows!r}: comma-separated row counts from 1 to 8")
+    if args.reps < 1 or args.cold_mb < 0:
+        ap.error("--reps must be at least 1 and --cold-mb not negative")
     from numba import cuda
 
     from numba_kernels import cpu as kp
@@ -67,15 +80,16 @@ def main(argv=None) -> int:
         print("bitwise", row, flush=True)
     start, stop = cuda.event(), cuda.event()
 
-    def timed(fn):
-        """µs of device time per call of ``fn`` (kernel launches only): ``args.reps`` calls
-        captured in one CUDA graph, the graph replayed between two events. Launched one by one
-        from Python the GPU waits on the host: a numba launch costs ~90 µs of host time on the
-        H200's machine, more than a 2,048-output GEMV runs, so eager timings of the small
-        kernels measured the launches (every configuration ~92 µs in the sweep of c0b5f5b)."""
-        fn()
+    def timed(fn, Ws=(None,)):
+        """µs of device time per call of ``fn`` (kernel launches only; ``fn(W)`` with the copies
+        ``Ws`` of a weight in turn, see :func:`copies`): ``args.reps`` calls captured in one CUDA
+        graph, the graph replayed between two events. Launched one by one from Python the GPU
+        waits on the host: a numba launch costs ~90 µs of host time on the H200's machine, more
+        than a 2,048-output GEMV runs, so eager timings of the small kernels measured the
+        launches (every configuration ~92 µs in the sweep of c0b5f5b)."""
+        fn(Ws[0])
         cuda.synchronize()
-        graph, _ = kc.capture(lambda: [fn() for _ in range(args.reps)])
+        graph, _ = kc.capture(lambda: [fn(Ws[i % len(Ws)]) for i in range(args.reps)])
         graph.replay()
         cuda.synchronize()
         start.record()
@@ -94,18 +108,21 @@ def main(argv=None) -> int:
         for R in (1, 5):
             X = cuda.to_device(rng.standard_normal((R, K)).astype(np.float32))
             y = cuda.device_array((R, N), np.float32)
-            for wname, W in (("f32", cuda.to_device(W32)), ("bf16", cuda.to_device(bf16(W32)))):
-                us = timed(lambda: kc.gemv(X, W, y, R))
+            for wname, Wh in (("f32", W32), ("bf16", bf16(W32))):
+                Ws = copies(Wh, args.cold_mb)
+                us = timed(lambda W: kc.gemv(X, W, y, R), Ws)
                 row[f"gemv_{wname}_R{R}_us"] = us
-                row[f"gemv_{wname}_R{R}_TBps"] = W.nbytes / us / 1e6
+                row[f"gemv_{wname}_R{R}_TBps"] = Wh.nbytes / us / 1e6
+                row[f"gemv_{wname}_R{R}_copies"] = len(Ws)
+                del Ws
         res["timing"].append(row)
         print("timing", row, flush=True)
     if args.sweep:
-        ok &= sweep(res, rng, timed)
+        ok &= sweep(res, rng, timed, row_counts=sweep_rows, cold_mb=args.cold_mb)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
     y = cuda.device_array((1, 2048), np.float32)
-    res["rmsnorm_R1_N2048_us"] = timed(lambda: kc.rmsnorm(X, w, np.float32(1e-6), y, 0, 1))
+    res["rmsnorm_R1_N2048_us"] = timed(lambda _: kc.rmsnorm(X, w, np.float32(1e-6), y, 0, 1))
     print("rmsnorm R1 N2048 us", res["rmsnorm_R1_N2048_us"], flush=True)
     res["default"], res["default_bitwise"] = default, bool(ok)
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
@@ -115,10 +132,22 @@ def main(argv=None) -> int:
 SWEEP_SHAPES = (("gdn out", 4096, 2048), ("mlp down", 5632, 2048), ("attn o", 4096, 2048))
 
 
-def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
-    """Time GEMV configurations on the N = 2,048 decode shapes (1 and 5 rows, float32 weights):
-    each bitwise against the CPU twin, then timed; ``res["sweep"]`` gets one row per
-    (shape, rows, configuration), the default's marked."""
+def copies(W, cold_mb):
+    """Device copies of the host array ``W``, enough that cycling through them reads at least
+    ``cold_mb`` MB before a copy comes round again (one when ``cold_mb`` is 0 or W is larger):
+    in a step each layer's weights come from HBM once, while a weight that fits the L2 and is
+    read launch after launch stays there (the sweep of 0fa0a4d ran at 4.7 TB/s, above the copy
+    bandwidth, on 34-46 MB weights)."""
+    from numba import cuda
+
+    n = max(1, -(-int(cold_mb * 1e6) // max(W.nbytes, 1)))
+    return [cuda.to_device(W) for _ in range(min(n, 64))]
+
+
+def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0) -> bool:
+    """Time GEMV configurations on the N = 2,048 decode shapes (``row_counts`` rows, float32
+    weights, read from ``copies(W, cold_mb)``): each bitwise against the CPU twin, then timed;
+    ``res["sweep"]`` gets one row per (shape, rows, configuration), the default's marked."""
     import dataclasses
     import itertools
 
@@ -134,11 +163,12 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
         W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         want = np.zeros((R, N), np.float32)
         kp.linear(X, W, want, R)
-        dX, dW, d = cuda.to_device(X), cuda.to_device(W), cuda.device_array((R, N), np.float32)
+        dX, Ws, d = cuda.to_device(X), copies(W, cold_mb), cuda.device_array((R, N), np.float32)
+        dW = Ws[0]
         default = gemv_pick(N, K, R)
         seen = set()
-        grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF)
-                for OW, NOG, NG, PF in itertools.product((4, 8), (1, 2), (4, 8, 16), (1, 2))]
+        grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF, MO=MO)
+                for OW, NOG, NG, PF, MO in itertools.product((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))]
         for cfg in [default] + grid:
             try:
                 cfg.check()
@@ -150,8 +180,8 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5)) -> bool:
             kc.gemv(dX, dW, d, R, cfg=cfg)
             same = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
             ok &= same
-            us = timed(lambda: kc.gemv(dX, dW, d, R, cfg=cfg)) if same else None
-            row = {"op": name, "K": K, "N": N, "R": R, "cfg": cfg.name(), "default": cfg == default,
+            us = timed(lambda W: kc.gemv(dX, W, d, R, cfg=cfg), Ws) if same else None
+            row = {"op": name, "K": K, "N": N, "R": R, "cfg": cfg.name(), "default": cfg == default, "copies": len(Ws),
                    "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
             rows.append(row)
         best = min((r for r in rows if r["op"] == name and r["R"] == R and r["us"]), key=lambda r: r["us"])

@@ -3,8 +3,8 @@
 # the default matrix on CUDA diffed with the golden CPU digests, then (alone on the GPU) the decode
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
 #   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
-# SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, ~3 min;
-# bounded by T_SWEEP, default 200 s). AB="--norm-epilogue-rows 0" runs the decode profile again with those options.
+# SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, L2-cold, ~3-5 min;
+# bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
 set -uo pipefail
