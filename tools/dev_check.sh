@@ -24,7 +24,7 @@ echo "parallel part $(( $(date +%s) - s )) s" >> "$out/jobs.txt"
 cat "$out/jobs.txt"; tail -n 3 "$out"/dc.log "$out/diff.txt" 2>/dev/null
 python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} > "$out/profile.log" 2>&1
 echo "profile exit $?" >> "$out/jobs.txt"; cut -c1-1500 "$out/profile.log"
-if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one setting, e.g. --norm-epilogue-rows 0)
+if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one setting, e.g. --weights bf16)
   python tools/decode_profile.py --out "$out/profile-ab.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $AB \
     > "$out/profile-ab.log" 2>&1
   echo "profile-ab exit $?" >> "$out/jobs.txt"; cut -c1-300 "$out/profile-ab.log"
