@@ -161,17 +161,9 @@ def add_partial(acc, part):
 
 @body
 def add_partials(acc, parts, m):
-    """``acc`` + parts[0] + … + parts[m−1], left to right (slice partials computed in parallel)."""
-    for s in range(m):
-        acc = add_partial(acc, parts[s])
-    return acc
-
-
-@body
-def add_partials8(acc, parts, m):
-    """:func:`add_partials` with the loads of eight partials issued before their adds (a block's
-    partials in shared memory: one load latency per eight adds, not one per add); the same
-    additions in the same order."""
+    """``acc`` + parts[0] + … + parts[m−1], left to right (slice partials computed in parallel),
+    with the loads of eight partials issued before their adds (a block's partials in shared
+    memory: one load latency per eight adds, not one per add)."""
     s = 0
     while s + 8 <= m:
         p0, p1, p2, p3 = parts[s], parts[s + 1], parts[s + 2], parts[s + 3]

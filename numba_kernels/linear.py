@@ -45,7 +45,7 @@ import numpy as np
 from . import dispatch
 from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
 from .exact import SLICE, dot_rows
-from .elementwise import nonfinite, nonfinite_flag_cuda
+from .elementwise import nonfinite_flag_cpu, nonfinite_flag_cuda
 from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
                    prange, twin, zero_buffer)
 
@@ -483,18 +483,12 @@ def gemv(X, W, out, R, cfg=None, flag=()):
 # ------------------------------------------------------------------------------------------------
 # the lm head: a linear layer that checks its outputs for NaN/Inf
 # ------------------------------------------------------------------------------------------------
-@twin("linear_flag", parallel=True)
+@twin("linear_flag")
 def linear_flag_cpu(X, W, out, R, flags, slot):
     """``linear(X, W, out, R)``, then ``nonfinite_flag(out, R, flags, slot)``: flags[slot] = 1 when
     an output is NaN or ±inf (the lm head and its logits)."""
-    N = W.shape[0]
-    for ro in prange(R * N):
-        r = ro // N
-        linear_at(X, W, out, r, ro - r * N)
-    for r in range(R):
-        for o in range(N):
-            if nonfinite(out[r, o]):
-                flags[slot] = 1
+    linear_cpu(X, W, out, R)
+    nonfinite_flag_cpu(out, R, flags, slot)
 
 
 @launcher("linear_flag")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .elementwise import nonfinite
-from .exact import F32, ONE, SLICE, ZERO, add_partials8, dot_rows, fma_chain, silu32
+from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
 from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
 
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
@@ -65,7 +65,7 @@ def block_sumsq(X, r, off, n, ps, tid, nt):
             ps[tid] = sq_chain(X, r, off + k, min(SLICE, n - k))
         barrier()
         if tid == 0:
-            acc = add_partials8(acc, ps, (min(per, n - c0) + SLICE - 1) // SLICE)
+            acc = add_partials(acc, ps, (min(per, n - c0) + SLICE - 1) // SLICE)
         barrier()
     if tid == 0:
         ps[nt] = acc

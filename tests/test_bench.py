@@ -369,17 +369,24 @@ def test_mma_goals_and_table():
     assert "mma" in bench.SKIPPABLE
 
 
-def test_mma_part_on_the_cpu_twin():
+@pytest.mark.parametrize("left", [0.0, 1e9])
+def test_mma_part_on_the_cpu_twin(left):
     """bench_mma.measure on the tiny model with the CPU backend (a dry run of the GPU path): the
-    32k prime is skipped when it does not fit (said so), the rest is measured."""
+    32k prime is skipped when it does not fit (said so), the rest is measured; the prime's per-op
+    profile only when time is left for it."""
     from harness.gpu import bench, bench_mma
 
     ck = load_checkpoint(default_model_path())
     ids = [int(i) % ck.config.vocab_size for i in range(1, 33)]
-    m = bench_mma.measure(ck, ids, ids[:16], bench.Timer(lambda: None), False, time_left=lambda: 0.0,
+    m = bench_mma.measure(ck, ids, ids[:16], bench.Timer(lambda: None), False, time_left=lambda: left,
                           floor_ms=0.5, backend="cpu")
     assert m["mode"] == "exact-bf16" and m["prime_4096_tokens_per_s"] > 0 and m["decode_512_ms_per_token"] > 0
-    assert m["prime_32768_s"] == "skipped" and "left" in m["prime_32768_skipped"]
+    assert m["prime_32768_s"] == "skipped" and "predicted" in m["prime_32768_skipped"]
+    if left:
+        prof = m["profile_prime_4096"]
+        assert prof["total_s"] > 0 and prof["ops"]["linear"]["calls"] > 0 and "attention" in prof["ops"]
+    else:
+        assert "profile_prime_4096" not in m
 
 
 def test_bf16_decode_bytes_count_each_matrix_at_two_bytes():

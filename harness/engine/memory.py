@@ -127,5 +127,5 @@ def plan(cfg: ModelConfig, max_ctx: int, rows: int, logits_rows: int = 1, keep_h
     cache = sum(a.size * a.itemsize for a in [*c.conv.values(), *c.rec.values(), *c.k.values(), *c.v.values()]
                 + ([c.mtp_k, c.mtp_v] if c.mtp_k is not None else []))
     ws = {k: int(a.size * a.itemsize) for k, a in eng._ws.items()}
-    out = 4 * cfg.hidden_size * (rows if keep_hidden else 1)
+    out = 4 * cfg.hidden_size * (rows + 1 if keep_hidden and rows > 1 else 1)  # the rows and the last row's own copy
     return MemoryPlan(int(weights), int(cache), ws, int(out))

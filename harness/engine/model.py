@@ -398,21 +398,24 @@ class Engine:
             return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
 
         with self._tracing(sess, "trunk", start, R):
-            logits, hf = self._step(c, key, body, {"ids": ids}, start,
-                                    keep=() if caps is None else (caps["conv"], caps["rec"]))
+            logits, hf, last_row = self._step(c, key, body, {"ids": ids}, start,
+                                              keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
-        # the hidden copy is queued behind the step before the logits' download waits for both
-        hidden = self.B.clone(hf if keep_hidden or R == 1 else hf[R - 1:R])
+        # the hidden copies are queued behind the step before the logits' download waits for all:
+        # the host work of a step (copies, views) is done while the device runs it, none after
+        # (the previous last row is released here too: a poisoned step's cache is unusable anyway)
+        hidden = self.B.clone(hf if keep_hidden or R == 1 else last_row)
+        c.last_h = hidden if hidden.shape[0] == 1 else self.B.clone(last_row)
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags)
-        c.last_h = hidden if hidden.shape[0] == 1 else hidden[hidden.shape[0] - 1:]
         if capture:
             caps["hidden"] = hidden
         return out, hidden
 
     def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
-        """The trunk's launches (no copies): returns views of the logits [n, V] and of the
-        final-normed hidden rows [R, H] (taken once per capture, not per replay)."""
+        """The trunk's launches (no copies): returns views of the logits [n, V], of the
+        final-normed hidden rows [R, H] and of the last of them [1, H] (taken once per capture,
+        not per replay: a device array's view costs tens of µs of host time)."""
         cfg, ops = self.cfg, self.ops
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
@@ -428,13 +431,12 @@ class Engine:
         logits = self.ws("logits", n, cfg.vocab_size)
         if flags is not None and self._fused():  # the lm head checks its logits as it writes them
             ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, len(self.layers))
-            self._tap("logits", logits, lo=R - n)  # the last n rows
         else:
             ops.linear(hf[R - n:], self.lm_head, logits, n)
-            self._tap("logits", logits, lo=R - n)
             if flags is not None:
                 ops.nonfinite_flag(logits, n, flags, len(self.layers))
-        return logits[:n], hf[:R]
+        self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
+        return logits[:n], hf[:R], hf[R - 1:R]
 
     def prime_chunk(self, sess, ids):
         """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend).
@@ -497,10 +499,11 @@ class Engine:
             raise PrimewalkError(f"{self.ckpt.path or 'model'} has no MTP head (no mtp.* tensors); "
                                  f"{what} needs one")
 
-    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None):
+    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
         hidden state of the position before; [R, H], host or backend). Writes the MTP K/V there. Returns (logits host
-        [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend)."""
+        [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend, or only its last row
+        [1, H] with ``last_hidden``)."""
         self.require_mtp()
         cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
         ids = self.check_ids(tokens, "MTP tokens")
@@ -531,11 +534,11 @@ class Engine:
             logits = self.ws("logits", n, cfg.vocab_size)
             ops.linear(hf[R - n:], self.lm_head, logits, n)
             self._tap("logits", logits, lo=R - n)
-            return logits[:n], hf[:R]  # views, taken once per capture
+            return logits[:n], hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
-            logits, hf = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
-        hidden = self.B.clone(hf)  # queued behind the step, before the download waits
+            logits, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
+        hidden = self.B.clone(last_row if last_hidden else hf)  # queued behind the step, before the download waits
         out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, hidden
@@ -561,12 +564,12 @@ class Engine:
         if c.pos + chain > c.max_ctx:
             raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
         start = c.mtp_len
-        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1)
+        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True)
         c.mtp_len = start + n
         drafts = []
         for i in range(chain):
             d = int(np.argmax(logits[-1]))
             drafts.append(d)
             if i + 1 < chain:
-                logits, out = self.mtp_rows(sess, [d], out[out.shape[0] - 1:], start + n + i, logits_rows=1)
+                logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True)
         return drafts

@@ -6,7 +6,9 @@ the same run. (The other bf16 measure, issue #14's bf16-resident weights in exac
 Measures: prime of 4096 tokens (goal ≥ 1.0 × transformers bf16 tokens/s), prime of 32768 tokens
 (goal ≤ 0.7 s; skipped, and said so, when the 4096 prime projects past the time left or
 ``MAX_PRIME_32K_S``), decode ms/token after a 512-token prime (goal ≤ 1.5 × the bf16 weight floor:
-half the float32 weight bytes / copy bandwidth). The goals are in ``bench_report.goals_block``.
+half the float32 weight bytes / copy bandwidth); and, time allowing, the 4096 prime's per-op times
+(``profile_prime_4096``: every op synchronised, ``bench.profile_step``). The goals are in
+``bench_report.goals_block``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def measure(ck, ids4096, ids512, timer, quick, time_left=lambda: float("inf"), f
     eng.B.synchronize()
     res["decode_512_ms_per_token"] = (time.perf_counter() - t0) / 32 * 1e3
     res["bf16_decode_floor_ms"] = floor_ms
+    if not quick and time_left() > 4 * res["prime_4096_s"] + 10:  # where the 4096 prime's time goes
+        from .bench import profile_step
+
+        res["profile_prime_4096"] = profile_step(eng, f"prime_{n4}", ids4096)
     del eng
     return res
 
