@@ -11,7 +11,8 @@ Writes JSON; exit 1 when a kernel differs.
 ``--sweep`` also times GEMV configurations other than ``gemv_pick``'s on the decode shapes whose
 N is the hidden size (2,048 outputs: the DeltaNet's out projection, the MLP's down projection,
 attention's o; the slowest GEMVs of a step per byte), each checked bit for bit against the CPU
-twin first: the data for choosing their configuration.
+twin first: the data for choosing their configuration. ``--sweep-bf16`` sweeps bf16 weights
+instead (a wider grid, and the large-N shapes too: bf16 GEMVs stream fewer bytes per output).
 """
 
 import argparse
@@ -29,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
     ap.add_argument("--sweep-rows", default="1,5", help="the sweep's row counts (comma-separated, 1-8)")
+    ap.add_argument("--sweep-bf16", action="store_true",
+                    help="sweep bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in and mlp gate+up)")
     ap.add_argument("--cold-mb", type=float, default=256.0,
                     help="each timed launch reads a weight copy other than the previous launches' until this many MB "
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
         res["timing"].append(row)
         print("timing", row, flush=True)
     if args.sweep:
-        ok &= sweep(res, rng, timed, row_counts=sweep_rows, cold_mb=args.cold_mb)
+        ok &= sweep(res, rng, timed, shapes=SWEEP_SHAPES + (SWEEP_LARGE if args.sweep_bf16 else ()),
+                    row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
     y = cuda.device_array((1, 2048), np.float32)
@@ -130,6 +134,7 @@ def main(argv=None) -> int:
 
 
 SWEEP_SHAPES = (("gdn out", 4096, 2048), ("mlp down", 5632, 2048), ("attn o", 4096, 2048))
+SWEEP_LARGE = (("gdn in", 2048, 12352), ("mlp gate+up", 2048, 11264))
 
 
 def copies(W, cold_mb):
@@ -144,10 +149,12 @@ def copies(W, cold_mb):
     return [cuda.to_device(W) for _ in range(min(n, 64))]
 
 
-def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0) -> bool:
-    """Time GEMV configurations on the N = 2,048 decode shapes (``row_counts`` rows, float32
-    weights, read from ``copies(W, cold_mb)``): each bitwise against the CPU twin, then timed;
-    ``res["sweep"]`` gets one row per (shape, rows, configuration), the default's marked."""
+def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, bf16=False) -> bool:
+    """Time GEMV configurations on decode shapes (``row_counts`` rows, float32 weights or, with
+    ``bf16``, bf16 bits, read from ``copies(W, cold_mb)``): each bitwise against the CPU twin, then
+    timed; ``res["sweep"]`` gets one row per (shape, rows, configuration), the default's marked.
+    The bf16 grid adds three chunks in flight and 4-8 output groups per block (half the bytes per
+    output: more loads in flight per byte)."""
     import dataclasses
     import itertools
 
@@ -161,14 +168,18 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0) 
     for (name, K, N), R in itertools.product(shapes, row_counts):
         X = rng.standard_normal((R, K)).astype(np.float32)
         W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+        if bf16:
+            W = (W.view(np.uint32) >> 16).astype(np.uint16)
         want = np.zeros((R, N), np.float32)
         kp.linear(X, W, want, R)
         dX, Ws, d = cuda.to_device(X), copies(W, cold_mb), cuda.device_array((R, N), np.float32)
         dW = Ws[0]
-        default = gemv_pick(N, K, R)
+        default = gemv_pick(N, K, R, bf16=bf16)
         seen = set()
+        space = ((4, 8), (1, 2, 4, 8), (1, 4, 8), (1, 2, 3), (1, 2)) if bf16 else \
+            ((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))
         grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF, MO=MO)
-                for OW, NOG, NG, PF, MO in itertools.product((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))]
+                for OW, NOG, NG, PF, MO in itertools.product(*space)]
         for cfg in [default] + grid:
             try:
                 cfg.check()
@@ -181,7 +192,7 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0) 
             same = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
             ok &= same
             us = timed(lambda W: kc.gemv(dX, W, d, R, cfg=cfg), Ws) if same else None
-            row = {"op": name, "K": K, "N": N, "R": R, "cfg": cfg.name(), "default": cfg == default, "copies": len(Ws),
+            row = {"op": name, "K": K, "N": N, "R": R, "bf16": bf16, "cfg": cfg.name(), "default": cfg == default, "copies": len(Ws),
                    "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
             rows.append(row)
         best = min((r for r in rows if r["op"] == name and r["R"] == R and r["us"]), key=lambda r: r["us"])
