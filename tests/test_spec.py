@@ -202,6 +202,29 @@ def test_rollback_keeps_exact_prefix(eng, k):
             eng.rollback(s, keep)  # no captured step left
 
 
+def test_step_last_hidden_row_is_its_own_copy(eng):
+    """A step's last hidden row (``cache.last_h``, what the next MTP fill pairs with) and an MTP
+    pass's ``last_hidden``: the last row of the step's hidden rows, bit for bit, in memory of
+    its own (the next step leaves it as it was)."""
+    s = eng.new_session(60)
+    eng.prime_chunk(s, prompt_of(5))
+    for rows in ([7], [1, 2, 3]):
+        _, hidden = eng.target_step(s, rows, capture=True)
+        kept = s.cache.last_h
+        last = eng.host(kept)
+        assert last.shape == (1, eng.cfg.hidden_size)
+        assert np.array_equal(bits(last), bits(eng.host(hidden)[-1:]))
+        eng.target_step(s, [9, 9])  # overwrites the engine's buffers, not the row kept
+        assert np.array_equal(bits(eng.host(kept)), bits(last))
+        assert not np.array_equal(bits(eng.host(s.cache.last_h)), bits(last))
+    h = np.random.default_rng(3).standard_normal((3, eng.cfg.hidden_size)).astype(np.float32)
+    fresh = [eng.new_session(60) for _ in range(2)]
+    _, all_rows = eng.mtp_rows(fresh[0], [4, 5, 6], h, 0)
+    _, last_row = eng.mtp_rows(fresh[1], [4, 5, 6], h, 0, last_hidden=True)
+    assert last_row.shape == (1, eng.cfg.hidden_size)
+    assert np.array_equal(bits(eng.host(last_row)), bits(eng.host(all_rows)[-1:]))
+
+
 def test_rollback_rejects_bad_keep(eng):
     s = eng.new_session(40)
     eng.prime_chunk(s, prompt_of(5))
