@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
     ap.add_argument("--sweep-rows", default="1,5", help="the sweep's row counts (comma-separated, 1-8)")
     ap.add_argument("--sweep-bf16", action="store_true",
-                    help="sweep bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in and mlp gate+up)")
+                    help="with --sweep: bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in, mlp gate+up)")
     ap.add_argument("--cold-mb", type=float, default=256.0,
                     help="each timed launch reads a weight copy other than the previous launches' until this many MB "
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
