@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
     ap.add_argument("--sweep-rows", default="1,5", help="the sweep's row counts (comma-separated, 1-8)")
     ap.add_argument("--sweep-bf16", action="store_true",
-                    help="with --sweep: bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in, mlp gate+up)")
+                    help="with --sweep: bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in "
+                         "and mlp gate+up)")
     ap.add_argument("--cold-mb", type=float, default=256.0,
                     help="each timed launch reads a weight copy other than the previous launches' until this many MB "
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
@@ -192,8 +193,8 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
             same = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
             ok &= same
             us = timed(lambda W: kc.gemv(dX, W, d, R, cfg=cfg), Ws) if same else None
-            row = {"op": name, "K": K, "N": N, "R": R, "bf16": bf16, "cfg": cfg.name(), "default": cfg == default, "copies": len(Ws),
-                   "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
+            row = {"op": name, "K": K, "N": N, "R": R, "bf16": bf16, "cfg": cfg.name(), "default": cfg == default,
+                   "copies": len(Ws), "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
             rows.append(row)
         best = min((r for r in rows if r["op"] == name and r["R"] == R and r["us"]), key=lambda r: r["us"])
         dflt = next(r for r in rows if r["op"] == name and r["R"] == R and r["default"])
