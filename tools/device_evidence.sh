@@ -15,6 +15,11 @@ out=${1:?usage: tools/device_evidence.sh OUTDIR}
 T=${T:-300}
 res="$out/results"
 mkdir -p "$res"
+# results.tar is written however the script ends: done, failed, or stopped by an outer `timeout`
+# (TERM reaches every job of the process group; what finished comes back, the device tool's limit
+# no longer loses a whole run)
+trap 'exit 143' TERM
+trap 'tar cf "$out/results.tar" -C "$out" results' EXIT
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
 h="python -m harness.cli"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/nvidia-smi.txt"
@@ -82,4 +87,3 @@ fi
 cat "$res/diffs.txt"
 for f in device-check device-walker; do tail -2 "$res/$f.log"; done
 tail -n 3 "$res/bisect-cpu-cuda.log" "$res/bisect-fault.log"
-tar cf "$out/results.tar" -C "$out" results

@@ -33,6 +33,11 @@ out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|bf16|own|fairness|bisect
 what=${2:-all}  # check | bench | bf16 | own | fairness | bisect | all | workers
 res="$out/results"
 mkdir -p "$res"
+# results.tar is written however the script ends: done, failed, or stopped by an outer `timeout`
+# (TERM reaches every job of the process group; what finished comes back, the device tool's limit
+# no longer loses a whole run)
+trap 'exit 143' TERM
+trap 'tar cf "$out/results.tar" -C "$out" results' EXIT
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/nvidia-smi.txt"
 ms() { date +%s%N | cut -c1-13; }
@@ -181,4 +186,3 @@ PY
       --fault 2:recurrence:200
   bash tools/device_bisect8l.sh "$res"  # bench-8l primed 4,096 tokens, with a fault and without
 fi
-tar cf "$out/results.tar" -C "$out" results
