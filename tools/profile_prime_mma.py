@@ -3,16 +3,19 @@
     python tools/profile_prime_mma.py --out FILE.json [--lengths 4096,16384] [--attention-rows 4096] [--mode exact]
 
 Builds bench-8l as ``harness bench`` does (random weights, seeded; needs torch + transformers),
-primes each length in exact-bf16 mode (best of two, after a warm-up prime), records
+primes each length in the mode (default exact-bf16; after a warm-up prime, the best of two up to
+8,192 tokens, one run past that), records
 ``bench.profile_step``'s per-op times of the first length, and times the exact-bf16 attention op
 alone at ``--attention-rows`` rows from position 0 (the tensor-core kernel where the tree has one,
 branch ``next/mma-tc``, else the op as dispatched; with ``--tiled`` also the one-block-per-(row,
-head) kernel).
+head) kernel; each the best of its runs, the first of which compiles). With ``--mode exact``
+the attention is not timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -23,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.atomic import write_text_atomic  # noqa: E402
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,7 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--attention-rows", type=int, default=4096)
     ap.add_argument("--tiled", action="store_true", help="also time the one-block-per-(row, head) kernel")
-    ap.add_argument("--mode", default="exact-bf16", help="the engine's mode (exact: the float32 prime, no attention timing)")
+    ap.add_argument("--mode", default="exact-bf16",
+                    help="the engine's mode (exact: the float32 prime, no attention timing)")
     a = ap.parse_args(argv)
     from harness.engine.model import Engine
     from harness.gpu.bench import bench_checkpoint, profile_step
@@ -39,8 +45,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         _, ck = bench_checkpoint(tmp)
     eng = Engine(ck, "cuda", check_finite=True, mode=a.mode)
-    ids = np.random.default_rng(0).integers(0, ck.config.vocab_size, 32768).tolist()
     lengths = [int(x) for x in a.lengths.split(",")]
+    ids = np.random.default_rng(0).integers(0, ck.config.vocab_size, max(lengths)).tolist()
 
     def prime(n):
         s = eng.new_session(n + 64)
@@ -59,42 +65,41 @@ def main(argv=None) -> int:
     for op, v in sorted(res["profile"]["ops"].items(), key=lambda kv: -kv[1]["s"]):
         print(f"  {op:16s} {v['calls']:4d} calls {v['s'] * 1e3:9.2f} ms", flush=True)
 
-    if a.mode != "exact-bf16":
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        return 0
+    if a.mode == "exact-bf16":
+        res["attention"] = attention_times(ck.config, a.attention_rows, a.tiled)
+    write_text_atomic(a.out, json.dumps(res, indent=1, default=str))
+    return 0
+
+
+def attention_times(cfg, R, tiled) -> dict:
+    """The exact-bf16 attention op alone on R random rows from position 0 (see the docstring)."""
     from numba import cuda
 
     from numba_kernels import cuda as kc
 
-    cfg = ck.config
-    R, hq, hkv, D = a.attention_rows, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rng = np.random.default_rng(1)
     Q = cuda.to_device(rng.standard_normal((R, hq * D), dtype=np.float32))
     K = cuda.to_device(rng.standard_normal((R, hkv * D), dtype=np.float32))
     V = cuda.to_device(rng.standard_normal((R, hkv * D), dtype=np.float32))
+    o = cuda.device_array((R, hq * D), np.float32)
     flops = 4.0 * hq * D * R * (R + 1) / 2
-    res["attention"] = {"rows": R}
+    res = {"rows": R}
     tc = ["attention_mma_tc"] if hasattr(kc, "attention_mma_tc") else ["attention_mma"]  # the op where no tc kernel
-    for name in tc + (["attention_mma_tiled"] if a.tiled else []):
+    for name in tc + (["attention_mma_tiled"] if tiled else []):
         fn = getattr(kc, name)
-        outs = []
-        for rep in range(3):
-            o = cuda.device_array((R, hq * D), np.float32)
+        ts = []
+        for _ in range(2 if name.endswith("tiled") else 3):  # the slow kernel: one warm run
             cuda.synchronize()
             t0 = time.perf_counter()
             fn(Q, K, V, o, 0, R, hq, hkv, D, np.float32(D ** -0.5))
             cuda.synchronize()
-            outs.append((time.perf_counter() - t0, o))
-            if name.endswith("tiled"):
-                break
-        t = min(x[0] for x in outs)
-        res["attention"][name] = {"s": t, "tflops": flops / t / 1e12,
-                                  "out_sha": __import__("hashlib").sha256(outs[-1][1].copy_to_host().tobytes()).hexdigest()}
-        print(f"{name}: R {R}: {t * 1e3:.2f} ms ({flops / t / 1e12:.2f} TFLOP/s)", flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    return 0
+            ts.append(time.perf_counter() - t0)
+        t = min(ts)
+        res[name] = {"s": t, "tflops": flops / t / 1e12,
+                     "out_sha": hashlib.sha256(o.copy_to_host().tobytes()).hexdigest()}
+        print(f"{name}: R {R}: {t * 1e3:.2f} ms ({res[name]['tflops']:.2f} TFLOP/s)", flush=True)
+    return res
 
 
 if __name__ == "__main__":
