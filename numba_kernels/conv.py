@@ -4,12 +4,18 @@ Shapes: X[:, xo : xo + C] the R input rows; W [C, K] the taps (oldest first); st
 previous K−1 inputs (oldest first; updated); out [R, C]. With ``capture``, cap[t, :, c] receives
 channel c's state after row t (for rollback). Per channel and row: the taps over the state as an
 fma chain from +0, then the new input's tap, then ``silu`` (:func:`conv_channel`). The twin loops
-over channels; the CUDA kernel runs one thread per channel.
+over channels. On CUDA, up to ``CONV_SEQ_MAX_ROWS`` rows (decode, verify) run one thread per
+channel (:func:`conv_channel`, one launch); more rows (primes) one thread per (row, channel)
+(:func:`conv_at`: a row's window is the K−1 inputs before it, read from X, or from the state for
+the first K−1 rows; the same values in the same fma chain), then one thread per channel writes the
+new state (:func:`conv_state`). An output never depends on an earlier output, only on inputs, so
+the rows need no order.
 """
 
 from __future__ import annotations
 
-from .exact import fma_chain, silu32
+from .dispatch import CONV_SEQ_MAX_ROWS
+from .exact import ZERO, fma_chain, silu32
 from .tags import body, cuda, fma, grid1, kernel, launch, launcher, twin
 
 
@@ -44,7 +50,59 @@ def conv1d_silu_k(X, xo, W, state, out, R, cap, capture):
         conv_channel(X, xo, W, state, out, c, R, K, cap, capture)
 
 
+@body
+def conv_in(X, xo, state, c, s, K):
+    """Channel c's input at row s ≥ −(K−1) of this launch: X's row s, or (s < 0) the state's
+    slot K−1+s as it was before the launch."""
+    if s >= 0:
+        return X[s, xo + c]
+    return state[K - 1 + s, c]
+
+
+@body
+def conv_at(X, xo, W, state, out, c, t, K, cap, capture):
+    """Row t of channel c: :func:`conv_channel`'s arithmetic on the row's window of inputs."""
+    part = ZERO
+    for j in range(K - 1):
+        part = fma(W[c, j], conv_in(X, xo, state, c, t - (K - 1) + j, K), part)
+    out[t, c] = silu32(fma(W[c, K - 1], X[t, xo + c], part))
+    if capture:
+        for j in range(K - 1):
+            cap[t, j, c] = conv_in(X, xo, state, c, t - (K - 2) + j, K)
+
+
+@body
+def conv_state(X, xo, state, c, T, K):
+    """Channel c's state after T rows: the last K−1 inputs (slot j reads slot T + j of the old
+    state when that is still a state slot: a later slot, not yet overwritten)."""
+    for j in range(K - 1):
+        state[j, c] = conv_in(X, xo, state, c, T - (K - 1) + j, K)
+
+
+@kernel
+def conv1d_silu_rows_k(X, xo, W, state, out, R, cap, capture):
+    i = cuda.grid(1)
+    C, K = W.shape
+    if i < R * C:
+        t = i // C
+        conv_at(X, xo, W, state, out, i - t * C, t, K, cap, capture)
+
+
+@kernel
+def conv1d_silu_state_k(X, xo, W, state, R):
+    c = cuda.grid(1)
+    C, K = W.shape
+    if c < C:
+        conv_state(X, xo, state, c, R, K)
+
+
 @launcher("conv1d_silu")
 def conv1d_silu_cuda(X, xo, W, state, out, R, cap, capture):
-    """One thread per channel."""
-    launch(conv1d_silu_k, *grid1(W.shape[0]), X, xo, W, state, out, R, cap, capture)
+    """One thread per channel up to ``CONV_SEQ_MAX_ROWS`` rows; past that one per (row, channel),
+    then the state (see the module docstring)."""
+    C = W.shape[0]
+    if R <= CONV_SEQ_MAX_ROWS:
+        launch(conv1d_silu_k, *grid1(C), X, xo, W, state, out, R, cap, capture)
+        return
+    launch(conv1d_silu_rows_k, *grid1(R * C), X, xo, W, state, out, R, cap, capture)
+    launch(conv1d_silu_state_k, *grid1(C), X, xo, W, state, R)

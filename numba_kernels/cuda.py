@@ -37,5 +37,8 @@ globals().update(OPS)
 if not SIMULATED:
     from . import mma_tc
 
+    mma_tc.bind(globals())
     linear_mma_tc = mma_tc.linear_mma_tc
     linear_mma = dispatch.MMA_KERNELS["linear_mma"] = linear_mma_tc
+    attention_mma_tc = mma_tc.attention_mma_tc
+    attention_mma = dispatch.MMA_KERNELS["attention_mma"] = mma_tc.attention_mma_gpu

@@ -11,7 +11,9 @@ Every kernel of an op keeps the op's canonical order, so the choice never change
   KV head, for all the query vectors of its group; the block size is the smallest of
   ``SPLIT_BLOCKS`` that holds R · hq / hkv vectors); otherwise ``attention_prime`` (query tiles of
   64 rows); head dims too large for their shared memory → ``attention_tiled``;
-- ``gdn_recurrence``: every row count → ``gdn_recurrence_fast``.
+- ``gdn_recurrence``: every row count → ``gdn_recurrence_fast``;
+- ``conv1d_silu``: R ≤ ``CONV_SEQ_MAX_ROWS`` → one thread per channel over the rows (one launch),
+  more rows → one thread per (row, channel), then the state.
 
 The per-shape configuration inside a kernel (the GEMV's warp shape per (N, K, R), the GEMM's
 loaders) is its family's (:func:`numba_kernels.linear.gemv_pick`, ...). ``linear_naive``,
@@ -22,6 +24,7 @@ device checks).
 from __future__ import annotations
 
 GEMV_MAX_ROWS = 8
+CONV_SEQ_MAX_ROWS = 8  # conv1d_silu: one thread per channel up to this many rows, one per (row, channel) past it
 GEMV_BUCKETS = (1, 2, 4, 5, 8)  # rows a GEMV kernel is built for (the last is GEMV_MAX_ROWS)
 SPLIT_MAX_ROWS = 16
 SPLIT_MAX_STATS_BYTES = 256 * 1024 * 1024
@@ -45,9 +48,11 @@ def pick(op: str, R: int) -> str:
 
 # ---- exact-bf16 (issue #19) ---------------------------------------------------------------------
 # Rows are independent inside an MMA, so a decode row padded to 16 is the same row of a prime. On a
-# GPU numba_kernels.cuda sets "linear_mma" to the tensor-core kernel (mma_tc.linear_mma_tc); under
-# the simulator it, and the MoE ops everywhere, run the naive kernels (the twin's emulation, one
-# thread per output). attention_mma: up to SPLIT_MAX_ROWS rows split-KV (attention_mma_split, when
-# its buffers fit SPLIT_MAX_STATS_BYTES), else one block per (row, head) (attention_mma_tiled);
-# both run the twin's tile body with a block's threads as lanes.
+# GPU numba_kernels.cuda sets "linear_mma" to the tensor-core kernels (mma_tc.linear_mma_tc: from
+# mma_tc.GEMM_MIN_ROWS rows the block-tiled GEMM, fewer one warp per 16×8 tile) and "attention_mma"
+# to mma_tc.attention_mma_gpu: up to SPLIT_MAX_ROWS rows split-KV (attention_mma_split, when its
+# buffers fit SPLIT_MAX_STATS_BYTES), more on the tensor cores (attention_mma_tc, head_dim a
+# multiple of 4 up to mma_tc.ATT_TC_MAX_D), else one block per (row, head) (attention_mma_tiled).
+# Under the simulator (no inline PTX) linear_mma, and the MoE ops everywhere, run the naive kernels
+# (the twin's emulation, one thread per output) and attention_mma split-KV or attention_mma_tiled.
 MMA_KERNELS: dict = {}

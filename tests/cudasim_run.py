@@ -177,6 +177,11 @@ def op_cases():
         case("conv1d_silu", f"C20-K4-xo5-capture{int(capture)}",
              (r(3, 25), 5, r(20, 4, scale=0.5), r(3, 20), np.zeros((3, 20), F32), 3, np.zeros((3, 3, 20), F32),
               capture), [3, 4, 6])
+        # past CONV_SEQ_MAX_ROWS: one thread per (row, channel), then the state (K 3 and 5)
+        for K in (3, 5):
+            case("conv1d_silu", f"C20-K{K}-R12-xo5-capture{int(capture)}",
+                 (r(12, 25), 5, r(20, K, scale=0.5), r(K - 1, 20), np.zeros((12, 20), F32), 12,
+                  np.zeros((12, K - 1, 20), F32), capture), [3, 4, 6])
     hk, nv, dk, dv = 2, 4, 40, 36
     case("gdn_prep", f"Hk{hk}-Hv{nv}-dk{dk}",
          (r(3, 2 * hk * dk + 8), hk * dk, hk, dk, r(3, 5 + 2 * nv), 5, nv, np.log(rng.uniform(1, 16, nv)).astype(F32),

@@ -172,9 +172,15 @@ def _compile_all(recorded, only, ptxas):
     from numba import types
 
     u2 = types.Array(types.uint32, 2, "C")
-    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k):
+    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k, mma_tc.linear_mma_gemm_k):
         if not only or kern.__name__ in only:
             jobs.append((kern.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
+    if not only or "attention_mma_tc_k" in only:
+        f2, i64 = types.Array(types.float32, 2, "C"), types.int64
+        f3, u3 = types.Array(types.float32, 3, "C"), types.Array(types.uint32, 3, "C")
+        jobs.append(("attention_mma_tc_k", mma_tc.attention_mma_tc_k.py_func,
+                     (u2, u2, u2, f2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, i64, types.float32, f3,
+                      u3), {}))
     rows = []
     for name, fn, sig, opts in jobs:
         row = {"kernel": name, "signature": ", ".join(str(t) for t in sig)}

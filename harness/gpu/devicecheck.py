@@ -114,7 +114,10 @@ def op_cases(rng, full: bool = True):
                  _r(rng, 1000 + R + 3, hkv * D), _r(rng, 1000 + R + 3, hkv * D), R), [11, 12, 13])
         add("sigmoid_gate", f"R{R}-N{H * D}", (_r(rng, R, H * D), _r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [3])
         add("swiglu_act", f"R{R}-I{H * D}", (_r(rng, R, 2 * H * D), H * D, np.zeros((R, H * D), F32), R), [2])
-    for C, K, R in ([(8192, 4, 1), (8192, 4, 65), (96, 3, 7)] if full else [(96, 3, 7), (40, 4, 2)]):
+    # one thread per channel up to CONV_SEQ_MAX_ROWS (8) rows (R 2 < K − 1 = 4 at K 5: fewer rows
+    # than the window), one per (row, channel) past it (K 2 to 5)
+    conv = [(8192, 4, 1), (8192, 4, 65), (96, 3, 7), (8192, 4, 9), (100, 5, 300), (96, 2, 20), (40, 5, 2), (40, 5, 10)]
+    for C, K, R in (conv if full else [(96, 3, 7), (40, 4, 2), (40, 3, 12)]):
         add("conv1d_silu", f"C{C}-K{K}-R{R}",
             (_r(rng, R, C + 5), 5, _r(rng, C, K, scale=0.5), _r(rng, K - 1, C), np.zeros((R, C), F32), R,
              np.zeros((R, K - 1, C), F32), True), [3, 4, 6])
@@ -213,21 +216,32 @@ def mma_op_cases(rng, full, add):
 
     # K % 4 == 0 takes the tensor-core kernel with 16-byte loads (K 260 and 1100: a last step of
     # 4 and 12 terms), other K the scalar one (1026, 97)
+    # rows from GEMM_MIN_ROWS (33) take the block-tiled GEMM (K 260, 1100: a last K tile of one
+    # step; N 130, 300: a partial block; 32 rows the one-warp kernel)
     lin = [(1, 2048, 5632), (4, 1100, 77), (5, 2048, 2048), (16, 2048, 2048), (1, 1026, 41), (17, 260, 130),
-           (64, 2048, 5632), (130, 97, 33)]
+           (64, 2048, 5632), (130, 97, 33), (32, 1100, 77), (33, 260, 130), (200, 1100, 300)]
     for R, K, N in (lin if full else lin[5:6] + lin[7:]):
         add("linear_mma", f"R{R}-K{K}-N{N}",
             (_r(rng, R, K), round_bf16(_r(rng, N, K, scale=K ** -0.5)), np.zeros((R, N), F32), R), [2])
-    # split-KV up to SPLIT_MAX_ROWS (16) rows, one block per (row, head) past it; the captured
-    # step's device-side position (@pos: the grid covers the cache's capacity); odd heads
+    # split-KV up to SPLIT_MAX_ROWS (16) rows; past it the tensor-core kernel (head_dim a multiple
+    # of 4 up to 256: D 40 is not one of 16; odd heads; starts on and off a 64-key tile; warps
+    # whose 16 rows straddle a tile), one block per (row, head) for other head dims (D 6); the
+    # captured step's device-side position (@pos: the grid covers the cache's capacity)
     att = [(16, 2, 256, 1000, 1, ""), (4, 2, 64, 61, 17, ""), (16, 2, 256, 5000, 4, "@pos"), (3, 1, 24, 130, 16, ""),
-           (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos")]
+           (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos"), (7, 7, 40, 64, 33, ""), (8, 2, 128, 0, 70, ""),
+           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, "")]
     for hq, hkv, D, start, R, tag in (att if full else att[1:2] + att[5:]):
         ctx = start + R
         cap = ctx + (100 if tag else 0)
         add("attention_mma" + tag, f"R{R}-Hq{hq}-Hkv{hkv}-D{D}-p{start}" + (f"-cap{cap}" if tag else ""),
             (_r(rng, R, hq * D), _r(rng, cap, hkv * D), _r(rng, cap, hkv * D), np.zeros((R, hq * D), F32), start, R,
              hq, hkv, D, F32(D ** -0.5)), [3])
+    # non-finite inputs past the split: a NaN query, an ∞ key; V ∞ (and a value that rounds to a bf16 ∞)
+    # at keys some rows of a 16-row warp read and others do not (the tensor-core kernel's fallback)
+    Q, K, V = _r(rng, 40, 2 * 64), _r(rng, 40, 64), _r(rng, 40, 64)
+    Q[3, 5], K[20, 9], V[7, 3], V[22, 60] = np.nan, np.inf, -np.inf, F32(3.4e38)
+    add("attention_mma", "R40-Hq2-Hkv1-D64-p0-nonfinite",
+        (Q, K, V, np.zeros((40, 128), F32), 0, 40, 2, 1, 64, F32(0.125)), [3])
 
 
 POS_ARG = {"rope": 6, "kv_write": 6, "qk_norm_rope": 10, "attention": 4, "attention_mma": 4}  # where ``start`` sits in the args
