@@ -397,6 +397,7 @@ def compile_ptx_sm90(kernel=None) -> str:
 ATT_TC_WARPS = 4  # warps per block: four heads of the same 16 rows
 ATT_TC_MAX_D = 256  # the per-lane accumulators (4 per 8 columns) live in a local array of this / 2
 _SST = ATT_TILE + 4  # the score tile's row stride (floats)
+NEG_INF = np.float32(-np.inf)
 _ACC_N = ATT_TC_MAX_D // 2
 
 
@@ -437,172 +438,323 @@ def _vbad(u):
     return (_bf16(u) & np.uint32(0x7F80)) == np.uint32(0x7F80)
 
 
-@cuda.jit
-def attention_mma_tc_k(Qu, Ku, Vu, out, start, pb, R, hq, hkv, D, scale, Pg, Pgu):
-    w = cuda.threadIdx.x >> 5
-    lane = cuda.threadIdx.x & 31
-    g = lane >> 2
-    q = lane & 3
-    h = cuda.blockIdx.y * ATT_TC_WARPS + w
-    sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
-    sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
-    if h >= hq:  # uniform over the warp; the block has no block-wide barrier
-        return
-    r0 = cuda.blockIdx.x * 16
-    kvh = h // (hq // hkv)
-    qo = h * D
-    ko = kvh * D
-    QS = hq * D
-    KS = hkv * D
-    cap = Ku.shape[0]
-    base = start + pb[0]
-    rlast = min(r0 + 15, R - 1)
-    ntile = (base + rlast) // ATT_TILE + 1
-    ngrp = (D + 31) >> 5  # groups of 32 output columns: 4 n-tiles (see _att_col)
-    rg = r0 + g
-    rg8 = rg + 8
-    kq = 4 * q
-    S = cuda.local.array(32, np.uint32)
-    P = cuda.local.array(16, np.uint32)
-    acc = cuda.local.array(_ACC_N, np.float32)
-    C4 = cuda.local.array(16, np.uint32)
-    m = ZERO
-    l = ZERO
-    wid = cuda.blockIdx.x * cuda.gridDim.y * ATT_TC_WARPS + cuda.blockIdx.y * ATT_TC_WARPS + w
-    for tix in range(ntile):
-        k0 = tix * ATT_TILE
-        # 1. S = QKᵀ, eight 16×8 tiles, D/16 chained steps each
-        for e in range(32):
-            S[e] = np.uint32(0)
-        for ks in range(0, D, 16):
-            kk = ks + kq
-            x0, x1, x2, x3 = ldg4u(Qu, rg * QS + qo + kk, (rg < R) & (kk < D))
-            y0, y1, y2, y3 = ldg4u(Qu, rg8 * QS + qo + kk, (rg8 < R) & (kk < D))
-            a0 = _pack(x0, x1)
-            a1 = _pack(y0, y1)
-            a2 = _pack(x2, x3)
-            a3 = _pack(y2, y3)
+@cuda.jit(device=True, inline=True)
+def _lmax(best, bi, v, j, n):
+    """The leftmost-max scan's step: score v of key j (keys ≥ n and NaN past key 0 are no
+    candidates; a NaN key 0 is settled by the caller)."""
+    if j < n and v == v and v > best:
+        return v, np.int32(j)
+    return best, bi
+
+
+@cuda.jit(device=True, inline=True)
+def _lmax_xor(best, bi, m):
+    """Leftmost max of this lane's and lane ^ m's candidates (equal values: the lower key; the
+    same answer in both lanes)."""
+    ob = cuda.shfl_xor_sync(0xFFFFFFFF, best, m)
+    oi = cuda.shfl_xor_sync(0xFFFFFFFF, bi, m)
+    if ob > best or (ob == best and oi < bi):
+        return ob, oi
+    return best, bi
+
+
+def _attention_tc_kernel(prefetch, regpass, vhoist):
+    """``attention_mma_tc_k`` with its three schedule choices (each the same arithmetic; the
+    variants exist so that ``tools/probe_att_tc.py`` can time them against each other):
+    ``prefetch``: each QKᵀ step's Q/K loads issued one step ahead; ``regpass``: the tile max from
+    the QKᵀ fragments in registers (a leftmost-max scan per lane, two shuffles: the twin's scan,
+    see below) and Σp over the full tile (+0 past a row's keys adds nothing to a sum that is never
+    −0); ``vhoist``: a column group's four key steps of V loaded before its MMAs."""
+
+    @cuda.jit
+    def kern(Qu, Ku, Vu, out, start, pb, R, hq, hkv, D, scale, Pg, Pgu):
+        w = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        g = lane >> 2
+        q = lane & 3
+        h = cuda.blockIdx.y * ATT_TC_WARPS + w
+        sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
+        sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
+        if h >= hq:  # uniform over the warp; the block has no block-wide barrier
+            return
+        r0 = cuda.blockIdx.x * 16
+        kvh = h // (hq // hkv)
+        qo = h * D
+        ko = kvh * D
+        QS = hq * D
+        KS = hkv * D
+        cap = Ku.shape[0]
+        base = start + pb[0]
+        rlast = min(r0 + 15, R - 1)
+        ntile = (base + rlast) // ATT_TILE + 1
+        ngrp = (D + 31) >> 5  # groups of 32 output columns: 4 n-tiles (see _att_col)
+        rg = r0 + g
+        rg8 = rg + 8
+        kq = 4 * q
+        S = cuda.local.array(32, np.uint32)
+        P = cuda.local.array(16, np.uint32)
+        acc = cuda.local.array(_ACC_N, np.float32)
+        C4 = cuda.local.array(16, np.uint32)
+        Kr = cuda.local.array(32, np.uint32)
+        Kn = cuda.local.array(32, np.uint32)
+        Vb = cuda.local.array(32, np.uint32)
+        m = ZERO
+        l = ZERO
+        wid = cuda.blockIdx.x * cuda.gridDim.y * ATT_TC_WARPS + cuda.blockIdx.y * ATT_TC_WARPS + w
+        for tix in range(ntile):
+            k0 = tix * ATT_TILE
+            n0 = _row_n(base, r0, g, R, k0)
+            n8 = _row_n(base, r0, g + 8, R, k0)
+            # 1. S = QKᵀ, eight 16×8 tiles, D/16 chained steps each
+            for e in range(32):
+                S[e] = np.uint32(0)
+            if prefetch:
+                qa = ldg4u(Qu, rg * QS + qo + kq, (rg < R) & (kq < D))
+                qb = ldg4u(Qu, rg8 * QS + qo + kq, (rg8 < R) & (kq < D))
+                for t in range(8):
+                    key = k0 + 8 * t + g
+                    Kr[4 * t], Kr[4 * t + 1], Kr[4 * t + 2], Kr[4 * t + 3] = ldg4u(
+                        Ku, key * KS + ko + kq, (key < cap) & (kq < D))
+                for ks in range(0, D, 16):
+                    kn = ks + 16 + kq
+                    qa2 = ldg4u(Qu, rg * QS + qo + kn, (rg < R) & (kn < D))
+                    qb2 = ldg4u(Qu, rg8 * QS + qo + kn, (rg8 < R) & (kn < D))
+                    for t in range(8):
+                        key = k0 + 8 * t + g
+                        Kn[4 * t], Kn[4 * t + 1], Kn[4 * t + 2], Kn[4 * t + 3] = ldg4u(
+                            Ku, key * KS + ko + kn, (key < cap) & (kn < D))
+                    a0 = _pack(qa[0], qa[1])
+                    a1 = _pack(qb[0], qb[1])
+                    a2 = _pack(qa[2], qa[3])
+                    a3 = _pack(qb[2], qb[3])
+                    for t in range(8):
+                        S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
+                            a0, a1, a2, a3, _pack(Kr[4 * t], Kr[4 * t + 1]), _pack(Kr[4 * t + 2], Kr[4 * t + 3]),
+                            S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3])
+                    qa = qa2
+                    qb = qb2
+                    for e in range(32):
+                        Kr[e] = Kn[e]
+            else:
+                for ks in range(0, D, 16):
+                    kk = ks + kq
+                    x0, x1, x2, x3 = ldg4u(Qu, rg * QS + qo + kk, (rg < R) & (kk < D))
+                    y0, y1, y2, y3 = ldg4u(Qu, rg8 * QS + qo + kk, (rg8 < R) & (kk < D))
+                    a0 = _pack(x0, x1)
+                    a1 = _pack(y0, y1)
+                    a2 = _pack(x2, x3)
+                    a3 = _pack(y2, y3)
+                    for t in range(8):
+                        key = k0 + 8 * t + g
+                        w0, w1, w2, w3 = ldg4u(Ku, key * KS + ko + kk, (key < cap) & (kk < D))
+                        S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
+                            a0, a1, a2, a3, _pack(w0, w1), _pack(w2, w3), S[4 * t], S[4 * t + 1], S[4 * t + 2],
+                            S[4 * t + 3])
+            ni = _row_n(base, r0, lane, R, k0)
+            if regpass:
+                # 2. the tile max of rows g, g + 8: this lane's keys (8t + 2q, 8t + 2q + 1: ascending),
+                #    then the row's four lanes; = the twin's scan (first score, then strictly
+                #    greater ones: the leftmost max of the non-NaN scores, or a NaN first score)
+                b0 = NEG_INF
+                i0 = np.int32(ATT_TILE)
+                b8 = NEG_INF
+                i8 = np.int32(ATT_TILE)
+                for t in range(8):
+                    j = 8 * t + 2 * q
+                    b0, i0 = _lmax(b0, i0, fmul(_u2f(S[4 * t]), scale), j, n0)
+                    b0, i0 = _lmax(b0, i0, fmul(_u2f(S[4 * t + 1]), scale), j + 1, n0)
+                    b8, i8 = _lmax(b8, i8, fmul(_u2f(S[4 * t + 2]), scale), j, n8)
+                    b8, i8 = _lmax(b8, i8, fmul(_u2f(S[4 * t + 3]), scale), j + 1, n8)
+                b0, i0 = _lmax_xor(b0, i0, 1)
+                b8, i8 = _lmax_xor(b8, i8, 1)
+                b0, i0 = _lmax_xor(b0, i0, 2)
+                b8, i8 = _lmax_xor(b8, i8, 2)
+                f0 = cuda.shfl_sync(0xFFFFFFFF, fmul(_u2f(S[0]), scale), lane & 28)
+                f8 = cuda.shfl_sync(0xFFFFFFFF, fmul(_u2f(S[2]), scale), lane & 28)
+                m0 = f0 if f0 != f0 else b0
+                m8 = f8 if f8 != f8 else b8
+                if q == 0:
+                    sT[w, 0, g] = m0
+                    sT[w, 0, g + 8] = m8
+            else:
+                for t in range(8):
+                    j = 8 * t + 2 * q
+                    sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
+                    sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
+                    sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
+                    sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
+                syncwarp()
+                # 2. the row's tile max, in key order
+                if lane < 16 and ni > 0:
+                    mt = sS[w, lane, 0]
+                    for j in range(1, ni):
+                        if sS[w, lane, j] > mt:
+                            mt = sS[w, lane, j]
+                    sT[w, 0, lane] = mt
+                syncwarp()
+                m0 = sT[w, 0, g]
+                m8 = sT[w, 0, g + 8]
+            # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
             for t in range(8):
-                key = k0 + 8 * t + g
-                w0, w1, w2, w3 = ldg4u(Ku, key * KS + ko + kk, (key < cap) & (kk < D))
-                S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
-                    a0, a1, a2, a3, _pack(w0, w1), _pack(w2, w3), S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3])
-        for t in range(8):
-            j = 8 * t + 2 * q
-            sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
-            sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
-            sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
-            sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
-        syncwarp()
-        # 2. the row's tile max, in key order
-        ni = _row_n(base, r0, lane, R, k0)
-        if lane < 16 and ni > 0:
-            mt = sS[w, lane, 0]
-            for j in range(1, ni):
-                if sS[w, lane, j] > mt:
-                    mt = sS[w, lane, j]
-            sT[w, 0, lane] = mt
-        syncwarp()
-        # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
-        n0 = _row_n(base, r0, g, R, k0)
-        n8 = _row_n(base, r0, g + 8, R, k0)
-        m0 = sT[w, 0, g]
-        m8 = sT[w, 0, g + 8]
-        for t in range(8):
-            j = 8 * t + 2 * q
-            p00 = exp32(sS[w, g, j] - m0) if j < n0 else ZERO
-            p01 = exp32(sS[w, g, j + 1] - m0) if j + 1 < n0 else ZERO
-            p80 = exp32(sS[w, g + 8, j] - m8) if j < n8 else ZERO
-            p81 = exp32(sS[w, g + 8, j + 1] - m8) if j + 1 < n8 else ZERO
-            sS[w, g, j] = p00
-            sS[w, g, j + 1] = p01
-            sS[w, g + 8, j] = p80
-            sS[w, g + 8, j + 1] = p81
-            # n-tile t = 2s + (t & 1): a0/a1 (keys 2q, 2q+1 of step s) from even t, a2/a3 from odd t
-            P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
-            P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
-        syncwarp()
-        # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
-        if lane < 16 and ni > 0:
-            lt = ZERO
-            for j in range(ni):
-                lt = lt + sS[w, lane, j]
-            m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
-            sT[w, 1, lane] = alpha
-            sT[w, 2, lane] = beta
-        syncwarp()
-        al0 = sT[w, 1, g]
-        be0 = sT[w, 2, g]
-        al8 = sT[w, 1, g + 8]
-        be8 = sT[w, 2, g + 8]
-        # keys read by some of this warp's rows but not by all: V there must round to finite
-        nlo = max(_row_n(base, r0, 0, R, k0), 1)
-        nhi = _row_n(base, r0, rlast - r0, R, k0)
-        bad = False
-        for x in range(lane, (nhi - nlo) * D, 32):
-            kx = x // D
-            bad |= _vbad(Vu[k0 + nlo + kx, ko + x - kx * D])
-        if cuda.any_sync(0xFFFFFFFF, bad):
-            # the twin's dot for this tile: each lane its own fragment's outputs
-            for x in range(lane, 16 * ATT_TILE, 32):
-                Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
+                j = 8 * t + 2 * q
+                if regpass:
+                    s00 = fmul(_u2f(S[4 * t]), scale)
+                    s01 = fmul(_u2f(S[4 * t + 1]), scale)
+                    s80 = fmul(_u2f(S[4 * t + 2]), scale)
+                    s81 = fmul(_u2f(S[4 * t + 3]), scale)
+                else:
+                    s00 = sS[w, g, j]
+                    s01 = sS[w, g, j + 1]
+                    s80 = sS[w, g + 8, j]
+                    s81 = sS[w, g + 8, j + 1]
+                p00 = exp32(s00 - m0) if j < n0 else ZERO
+                p01 = exp32(s01 - m0) if j + 1 < n0 else ZERO
+                p80 = exp32(s80 - m8) if j < n8 else ZERO
+                p81 = exp32(s81 - m8) if j + 1 < n8 else ZERO
+                sS[w, g, j] = p00
+                sS[w, g, j + 1] = p01
+                sS[w, g + 8, j] = p80
+                sS[w, g + 8, j + 1] = p81
+                # n-tile t = 2s + (t & 1): a0/a1 (keys 2q, 2q+1 of step s) from even t, a2/a3 from odd t
+                P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
+                P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
             syncwarp()
-            for u in range(4 * ngrp):
-                for e in range(4):
-                    rr = g + 8 * (e >> 1)
-                    cc = _att_col(u, 2 * q + (e & 1))
-                    nr = _row_n(base, r0, rr, R, k0)
-                    if nr > 0 and cc < D:
-                        pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, ko + cc, 1, 0, nr))
-                        acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
-                                                     be0 if e < 2 else be8)
+            # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
+            if lane < 16 and ni > 0:
+                lt = ZERO
+                if regpass:
+                    for jb in range(0, ATT_TILE, 8):
+                        x0 = sS[w, lane, jb]
+                        x1 = sS[w, lane, jb + 1]
+                        x2 = sS[w, lane, jb + 2]
+                        x3 = sS[w, lane, jb + 3]
+                        x4 = sS[w, lane, jb + 4]
+                        x5 = sS[w, lane, jb + 5]
+                        x6 = sS[w, lane, jb + 6]
+                        x7 = sS[w, lane, jb + 7]
+                        lt = lt + x0
+                        lt = lt + x1
+                        lt = lt + x2
+                        lt = lt + x3
+                        lt = lt + x4
+                        lt = lt + x5
+                        lt = lt + x6
+                        lt = lt + x7
+                else:
+                    for j in range(ni):
+                        lt = lt + sS[w, lane, j]
+                m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
+                sT[w, 1, lane] = alpha
+                sT[w, 2, lane] = beta
             syncwarp()
-        else:
-            nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
-            klim = k0 + nhi
-            for grp in range(ngrp):
-                vo = ko + 32 * grp + 4 * g  # this lane's 4 columns: B column g of the group's 4 n-tiles
-                cok = 32 * grp + 4 * g < D
-                for e in range(16):
-                    C4[e] = np.uint32(0)
-                for s in range(4):
-                    if s < nsteps:  # uniform
-                        kb = k0 + 16 * s + 2 * q
-                        v0 = ldg4u(Vu, kb * KS + vo, cok & (kb < klim))
-                        v1 = ldg4u(Vu, (kb + 1) * KS + vo, cok & (kb + 1 < klim))
-                        v8 = ldg4u(Vu, (kb + 8) * KS + vo, cok & (kb + 8 < klim))
-                        v9 = ldg4u(Vu, (kb + 9) * KS + vo, cok & (kb + 9 < klim))
-                        for j in range(4):
-                            C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3] = mma_bf16(
-                                P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], _pack(v0[j], v1[j]),
-                                _pack(v8[j], v9[j]), C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3])
-                for j in range(4):
-                    u = 4 * (4 * grp + j)
-                    if n0 > 0:
-                        acc[u] = merge_value(tix, acc[u], al0, _u2f(C4[4 * j]), be0)
-                        acc[u + 1] = merge_value(tix, acc[u + 1], al0, _u2f(C4[4 * j + 1]), be0)
-                    if n8 > 0:
-                        acc[u + 2] = merge_value(tix, acc[u + 2], al8, _u2f(C4[4 * j + 2]), be8)
-                        acc[u + 3] = merge_value(tix, acc[u + 3], al8, _u2f(C4[4 * j + 3]), be8)
-    if lane < 16:
-        sT[w, 3, lane] = l
-    syncwarp()
-    l0 = sT[w, 3, g]
-    l8 = sT[w, 3, g + 8]
-    for u in range(4 * ngrp):
-        for e in range(4):
-            rr = rg + 8 * (e >> 1)
-            cc = _att_col(u, 2 * q + (e & 1))
-            if rr < R and cc < D:
-                out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
+            al0 = sT[w, 1, g]
+            be0 = sT[w, 2, g]
+            al8 = sT[w, 1, g + 8]
+            be8 = sT[w, 2, g + 8]
+            # keys read by some of this warp's rows but not by all: V there must round to finite
+            nlo = max(_row_n(base, r0, 0, R, k0), 1)
+            nhi = _row_n(base, r0, rlast - r0, R, k0)
+            bad = False
+            for x in range(lane, (nhi - nlo) * D, 32):
+                kx = x // D
+                bad |= _vbad(Vu[k0 + nlo + kx, ko + x - kx * D])
+            if cuda.any_sync(0xFFFFFFFF, bad):
+                # the twin's dot for this tile: each lane its own fragment's outputs
+                for x in range(lane, 16 * ATT_TILE, 32):
+                    Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
+                syncwarp()
+                for u in range(4 * ngrp):
+                    for e in range(4):
+                        rr = g + 8 * (e >> 1)
+                        cc = _att_col(u, 2 * q + (e & 1))
+                        nr = _row_n(base, r0, rr, R, k0)
+                        if nr > 0 and cc < D:
+                            pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, ko + cc, 1, 0, nr))
+                            acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
+                                                         be0 if e < 2 else be8)
+                syncwarp()
+            else:
+                nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
+                klim = k0 + nhi
+                for grp in range(ngrp):
+                    vo = ko + 32 * grp + 4 * g  # this lane's 4 columns: B column g of the group's 4 n-tiles
+                    cok = 32 * grp + 4 * g < D
+                    for e in range(16):
+                        C4[e] = np.uint32(0)
+                    if vhoist:
+                        for s in range(4):
+                            kb = k0 + 16 * s + 2 * q
+                            v0 = ldg4u(Vu, kb * KS + vo, cok & (kb < klim))
+                            v1 = ldg4u(Vu, (kb + 1) * KS + vo, cok & (kb + 1 < klim))
+                            v8 = ldg4u(Vu, (kb + 8) * KS + vo, cok & (kb + 8 < klim))
+                            v9 = ldg4u(Vu, (kb + 9) * KS + vo, cok & (kb + 9 < klim))
+                            for j in range(4):
+                                Vb[8 * s + 2 * j] = _pack(v0[j], v1[j])
+                                Vb[8 * s + 2 * j + 1] = _pack(v8[j], v9[j])
+                        for s in range(4):
+                            if s < nsteps:  # uniform
+                                for j in range(4):
+                                    C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3] = mma_bf16(
+                                        P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], Vb[8 * s + 2 * j],
+                                        Vb[8 * s + 2 * j + 1], C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3])
+                    else:
+                        for s in range(4):
+                            if s < nsteps:  # uniform
+                                kb = k0 + 16 * s + 2 * q
+                                v0 = ldg4u(Vu, kb * KS + vo, cok & (kb < klim))
+                                v1 = ldg4u(Vu, (kb + 1) * KS + vo, cok & (kb + 1 < klim))
+                                v8 = ldg4u(Vu, (kb + 8) * KS + vo, cok & (kb + 8 < klim))
+                                v9 = ldg4u(Vu, (kb + 9) * KS + vo, cok & (kb + 9 < klim))
+                                for j in range(4):
+                                    C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3] = mma_bf16(
+                                        P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], _pack(v0[j], v1[j]),
+                                        _pack(v8[j], v9[j]), C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3])
+                    for j in range(4):
+                        u = 4 * (4 * grp + j)
+                        if n0 > 0:
+                            acc[u] = merge_value(tix, acc[u], al0, _u2f(C4[4 * j]), be0)
+                            acc[u + 1] = merge_value(tix, acc[u + 1], al0, _u2f(C4[4 * j + 1]), be0)
+                        if n8 > 0:
+                            acc[u + 2] = merge_value(tix, acc[u + 2], al8, _u2f(C4[4 * j + 2]), be8)
+                            acc[u + 3] = merge_value(tix, acc[u + 3], al8, _u2f(C4[4 * j + 3]), be8)
+        if lane < 16:
+            sT[w, 3, lane] = l
+        syncwarp()
+        l0 = sT[w, 3, g]
+        l8 = sT[w, 3, g + 8]
+        for u in range(4 * ngrp):
+            for e in range(4):
+                rr = rg + 8 * (e >> 1)
+                cc = _att_col(u, 2 * q + (e & 1))
+                if rr < R and cc < D:
+                    out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
+
+    return kern
 
 
-def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+ATT_TC_VARIANTS = {(a, b, c): None for a in (False, True) for b in (False, True) for c in (False, True)}
+ATT_TC_SCHEDULE = (True, True, True)  # (prefetch, regpass, vhoist) of attention_mma_tc_k
+
+
+def attention_tc_variant(schedule):
+    """The tensor-core attention kernel with the schedule (prefetch, regpass, vhoist), compiled on
+    first launch and kept."""
+    k = ATT_TC_VARIANTS.get(tuple(schedule))
+    if k is None:
+        k = ATT_TC_VARIANTS[tuple(schedule)] = _attention_tc_kernel(*schedule)
+    return k
+
+
+attention_mma_tc_k = attention_tc_variant(ATT_TC_SCHEDULE)
+
+
+def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, schedule=None):
     """exact-bf16 attention of R rows on the tensor cores (:func:`attention_mma_tc_k`); the twin's
     signature, ``pos`` as in ``attention_mma_split``. Returns False (did nothing) where it does
     not apply: head_dim past ``ATT_TC_MAX_D`` or not a multiple of 4 (16-byte rows), or operands
     not C-contiguous and 16-byte aligned. Kernel-owned scratch: 4 KB per (16 rows, head), where
-    a warp's emulated tile (the rare non-finite V case) reads P."""
+    a warp's emulated tile (the rare non-finite V case) reads P. ``schedule``: a kernel variant of
+    :func:`attention_tc_variant` (default ``ATT_TC_SCHEDULE``; for ``tools/probe_att_tc.py``)."""
     if D > ATT_TC_MAX_D or D % 4 or not all(a.is_c_contiguous() and aligned(a) for a in (Q, kc, vc)):
         return False
     if R <= 0:
@@ -611,7 +763,8 @@ def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     nb, hb = (R + 15) // 16, (hq + ATT_TC_WARPS - 1) // ATT_TC_WARPS
     n = nb * hb * ATT_TC_WARPS
     Pg = scratch("attention_mma.tc_p", n * 16 * ATT_TILE)[:n * 16 * ATT_TILE].reshape(n, 16, ATT_TILE)
-    launch(attention_mma_tc_k, (nb, hb), 32 * ATT_TC_WARPS, Q.view(np.uint32), kc.view(np.uint32),
+    kern = attention_mma_tc_k if schedule is None else attention_tc_variant(schedule)
+    launch(kern, (nb, hb), 32 * ATT_TC_WARPS, Q.view(np.uint32), kc.view(np.uint32),
            vc.view(np.uint32), out, np.int64(start), zero_pos() if pos is None else pos, np.int64(R), np.int64(hq),
            np.int64(hkv), np.int64(D), np.float32(scale), Pg, Pg.view(np.uint32))
     return True
