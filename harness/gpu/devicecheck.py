@@ -242,6 +242,14 @@ def mma_op_cases(rng, full, add):
     Q[3, 5], K[20, 9], V[7, 3], V[22, 60] = np.nan, np.inf, -np.inf, F32(3.4e38)
     add("attention_mma", "R40-Hq2-Hkv1-D64-p0-nonfinite",
         (Q, K, V, np.zeros((40, 128), F32), 0, 40, 2, 1, 64, F32(0.125)), [3])
+    # the tile max (the twin's scan: first score, then strictly greater ones) where it is not a
+    # plain max: rows of tied +0 scores (zero queries), scores past float32 (±∞; ∞ − ∞ in exp),
+    # a NaN key at a tile's first key (a NaN max) and inside a tile (skipped by the scan)
+    Q, K, V = _r(rng, 120, 4 * 64), _r(rng, 130, 2 * 64), _r(rng, 130, 2 * 64)
+    Q[5:9], Q[40:44], K[70:75] = 0, Q[40:44] * F32(1e19), K[70:75] * F32(1e19)
+    K[64, 5], K[100, 70], K[3, 0] = np.nan, np.nan, -np.inf
+    add("attention_mma", "R120-Hq4-Hkv2-D64-p10-tilemax",
+        (Q, K, V, np.zeros((120, 256), F32), 10, 120, 4, 2, 64, F32(0.125)), [3])
 
 
 POS_ARG = {"rope": 6, "kv_write": 6, "qk_norm_rope": 10, "attention": 4, "attention_mma": 4}  # where ``start`` sits in the args
