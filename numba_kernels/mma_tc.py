@@ -733,7 +733,7 @@ def _attention_tc_kernel(prefetch, regpass, vhoist):
 
 
 ATT_TC_VARIANTS = {(a, b, c): None for a in (False, True) for b in (False, True) for c in (False, True)}
-ATT_TC_SCHEDULE = (True, True, True)  # (prefetch, regpass, vhoist) of attention_mma_tc_k
+ATT_TC_SCHEDULE = (False, False, False)  # (prefetch, regpass, vhoist) of attention_mma_tc_k: tools/probe_att_tc.py
 
 
 def attention_tc_variant(schedule):
