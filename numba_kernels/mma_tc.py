@@ -30,9 +30,7 @@ are the one-warp kernels' chains. ``linear_mma_tc`` picks it, else ``linear_mma_
 
 ``attention_mma_tc_k`` (more rows than split-KV takes; head_dim a multiple of 4 up to
 ``ATT_TC_MAX_D``): one warp per (16 query rows, head), QKᵀ and P·V on the MMA, the twin's tiles
-and its per-row loops (see the comment above it). ``attention_mma_pk`` (what
-``attention_mma_tc`` runs, ``ATT_TC_SCHEDULE``): the same with Q, K and V packed to bf16 once
-per call in fragment order. ``attention_mma_gpu`` is the op on a GPU:
+and its per-row loops (see the comment above it). ``attention_mma_gpu`` is the op on a GPU:
 split-KV, this kernel, or the one-block-per-(row, head) kernel.
 
 ``harness device-check`` compares every kernel bitwise with the twin at every dispatch threshold;
@@ -735,10 +733,7 @@ def _attention_tc_kernel(prefetch, regpass, vhoist):
 
 
 ATT_TC_VARIANTS = {(a, b, c): None for a in (False, True) for b in (False, True) for c in (False, True)}
-PLAIN = (False, False, False)
-# what attention_mma_tc runs: "packed" (attention_mma_pk: Q, K, V packed to bf16 once, below) or a
-# (prefetch, regpass, vhoist) variant of attention_mma_tc_k -- tools/probe_att_tc.py times them
-ATT_TC_SCHEDULE = "packed"
+ATT_TC_SCHEDULE = (False, False, False)  # (prefetch, regpass, vhoist) of attention_mma_tc_k: tools/probe_att_tc.py
 
 
 def attention_tc_variant(schedule):
@@ -750,291 +745,7 @@ def attention_tc_variant(schedule):
     return k
 
 
-attention_mma_tc_k = attention_tc_variant(PLAIN)
-
-
-# ---- the packed variant: Q, K, V rounded to bf16 once per call, in fragment order --------------
-# attention_mma_tc_k rounds every float32 Q/K/V element it reads to bf16, in every warp that reads
-# it (a KV head's K and V in each of its query heads' warps). Here three small kernels first
-# write them as packed bf16 pairs (the same _bf16: nearest even, NaN quieted with its sign) laid
-# out in the order a lane's fragments take them, then attention_mma_pk_k runs the same tiles,
-# chains, row passes and merges as attention_mma_tc_k with 16-byte loads and no conversion:
-# - Q and K rows (att_pack_rows_k): per head, head_dim zero-padded to a multiple of 32, each 32-k
-#   block's 16 words ordered (q, step σ, i): word 4q + 2σ + i holds k = 32b + 16σ + 4q + 2i and
-#   the k after it, so one 16-byte load gives lane q its four k (4q … 4q+3, the permuted step of
-#   attention_mma_tc_k) of two consecutive MMA steps. Rows past R (and keys past the packed
-#   context) are zeros.
-# - V (att_pack_v_k): per KV head, 64-key tile and n-tile of 8 columns, two halves (key steps 0-1,
-#   2-3) of 32 lanes × 4 words: lane (g, q)'s B words (b0, b1) of its steps, keys 16s + 2q (+1) and
-#   16s + 8 + 2q (+1) of column 8u + g. Keys past the packed context are zeros.
-# The output column of n-tile u is 8u + n (not _att_col's grouping). Keys the diagonal tile's last
-# row does not read are masked to +0 in the B words, as attention_mma_tc_k's predicated loads do;
-# the non-finite-V fallback reads the float32 V as before.
-PK_BLOCK = 256  # threads per block of the packing kernels
-PK_KT = 4  # K rows (n-tiles of QKᵀ) loaded together in attention_mma_pk_k
-PK_MAX_REGS = 128  # 4 blocks an SM (136 unbounded; 20 bytes spill at 128)
-PK_GROUP = 2  # n-tiles of V per group in attention_mma_pk_k's P·V (their loads issued together)
-
-
-@cuda.jit
-def att_pack_rows_k(Xu, out, rows, H, D, DW):
-    """out[(r·H + h)·DW + p] for every row r < out.size / (H·DW): Xu's row r, head h, packed."""
-    i = cuda.grid(1)
-    if i >= out.shape[0]:
-        return
-    p = i % DW
-    rh = i // DW
-    hh = rh % H
-    r = rh // H
-    pos = p & 15
-    k = 32 * (p >> 4) + 16 * ((pos >> 1) & 1) + 4 * (pos >> 2) + 2 * (pos & 1)
-    lo = np.uint32(0)
-    hi = np.uint32(0)
-    if r < rows:
-        if k < D:
-            lo = _bf16(Xu[r, hh * D + k])
-        if k + 1 < D:
-            hi = _bf16(Xu[r, hh * D + k + 1])
-    out[i] = lo | (hi << np.uint32(16))
-
-
-@cuda.jit
-def att_pack_v_k(Vu, out, keys, D, NU, NT):
-    """out[((kvh·NT + T)·NU + u)·256 + half·128 + lane·4 + j]: V's B words (see above)."""
-    i = cuda.grid(1)
-    if i >= out.shape[0]:
-        return
-    j = i & 3
-    lane = (i >> 2) & 31
-    hf = (i >> 7) & 1
-    rest = i >> 8
-    u = rest % NU
-    rest = rest // NU
-    T = rest % NT
-    kvh = rest // NT
-    key = 64 * T + 16 * (2 * hf + (j >> 1)) + 8 * (j & 1) + 2 * (lane & 3)
-    col = 8 * u + (lane >> 2)
-    lo = np.uint32(0)
-    hi = np.uint32(0)
-    if col < D:
-        if key < keys:
-            lo = _bf16(Vu[key, kvh * D + col])
-        if key + 1 < keys:
-            hi = _bf16(Vu[key + 1, kvh * D + col])
-    out[i] = lo | (hi << np.uint32(16))
-
-
-@cuda.jit(device=True, inline=True)
-def _kmask(w, key, klim):
-    """B word w of keys key, key + 1 with the keys ≥ klim set to +0."""
-    if key >= klim:
-        return np.uint32(0)
-    if key + 1 >= klim:
-        return w & np.uint32(0xFFFF)
-    return w
-
-
-@cuda.jit(max_registers=PK_MAX_REGS)
-def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg, Pgu, DW, NU, NT):
-    w = cuda.threadIdx.x >> 5
-    lane = cuda.threadIdx.x & 31
-    g = lane >> 2
-    q = lane & 3
-    h = cuda.blockIdx.y * ATT_TC_WARPS + w
-    sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
-    sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
-    if h >= hq:  # uniform over the warp; the block has no block-wide barrier
-        return
-    r0 = cuda.blockIdx.x * 16
-    kvh = h // (hq // hkv)
-    base = start + pb[0]
-    rlast = min(r0 + 15, R - 1)
-    ntile = (base + rlast) // ATT_TILE + 1
-    nst = (D + 15) >> 4  # MMA steps over head_dim
-    rg = r0 + g
-    qrow0 = (rg * hq + h) * DW + 4 * q
-    qrow8 = ((rg + 8) * hq + h) * DW + 4 * q
-    S = cuda.local.array(32, np.uint32)
-    Kr = cuda.local.array(32, np.uint32)
-    P = cuda.local.array(16, np.uint32)
-    acc = cuda.local.array(_ACC_N, np.float32)
-    C4 = cuda.local.array(16, np.uint32)
-    Vb = cuda.local.array(32, np.uint32)
-    m = ZERO
-    l = ZERO
-    wid = cuda.blockIdx.x * cuda.gridDim.y * ATT_TC_WARPS + cuda.blockIdx.y * ATT_TC_WARPS + w
-    for tix in range(ntile):
-        k0 = tix * ATT_TILE
-        n0 = _row_n(base, r0, g, R, k0)
-        n8 = _row_n(base, r0, g + 8, R, k0)
-        # 1. S = QKᵀ: two MMA steps per 16-byte load of Q's and K's packed rows
-        for e in range(32):
-            S[e] = np.uint32(0)
-        for st in range(0, nst, 2):
-            wo = 8 * st
-            qa = ldg4u(Qp, qrow0 + wo, True)
-            qb = ldg4u(Qp, qrow8 + wo, True)
-            for th in range(0, 8, PK_KT):  # PK_KT n-tiles' K loads in flight at a time
-                for tt in range(PK_KT):
-                    Kr[4 * tt], Kr[4 * tt + 1], Kr[4 * tt + 2], Kr[4 * tt + 3] = ldg4u(
-                        Kp, ((k0 + 8 * (th + tt) + g) * hkv + kvh) * DW + wo + 4 * q, True)
-                for tt in range(PK_KT):
-                    t = th + tt
-                    S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
-                        qa[0], qb[0], qa[1], qb[1], Kr[4 * tt], Kr[4 * tt + 1], S[4 * t], S[4 * t + 1],
-                        S[4 * t + 2], S[4 * t + 3])
-                if st + 1 < nst:  # uniform; a step past head_dim is not issued
-                    for tt in range(PK_KT):
-                        t = th + tt
-                        S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
-                            qa[2], qb[2], qa[3], qb[3], Kr[4 * tt + 2], Kr[4 * tt + 3], S[4 * t], S[4 * t + 1],
-                            S[4 * t + 2], S[4 * t + 3])
-        for t in range(8):
-            j = 8 * t + 2 * q
-            sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
-            sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
-            sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
-            sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
-        syncwarp()
-        # 2. the row's tile max, in key order
-        ni = _row_n(base, r0, lane, R, k0)
-        if lane < 16 and ni > 0:
-            mt = sS[w, lane, 0]
-            for j in range(1, ni):
-                if sS[w, lane, j] > mt:
-                    mt = sS[w, lane, j]
-            sT[w, 0, lane] = mt
-        syncwarp()
-        # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
-        m0 = sT[w, 0, g]
-        m8 = sT[w, 0, g + 8]
-        for t in range(8):
-            j = 8 * t + 2 * q
-            p00 = exp32(sS[w, g, j] - m0) if j < n0 else ZERO
-            p01 = exp32(sS[w, g, j + 1] - m0) if j + 1 < n0 else ZERO
-            p80 = exp32(sS[w, g + 8, j] - m8) if j < n8 else ZERO
-            p81 = exp32(sS[w, g + 8, j + 1] - m8) if j + 1 < n8 else ZERO
-            sS[w, g, j] = p00
-            sS[w, g, j + 1] = p01
-            sS[w, g + 8, j] = p80
-            sS[w, g + 8, j + 1] = p81
-            P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
-            P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
-        syncwarp()
-        # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
-        if lane < 16 and ni > 0:
-            lt = ZERO
-            for j in range(ni):
-                lt = lt + sS[w, lane, j]
-            m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
-            sT[w, 1, lane] = alpha
-            sT[w, 2, lane] = beta
-        syncwarp()
-        al0 = sT[w, 1, g]
-        be0 = sT[w, 2, g]
-        al8 = sT[w, 1, g + 8]
-        be8 = sT[w, 2, g + 8]
-        # keys read by some of this warp's rows but not by all: V there must round to finite
-        nlo = max(_row_n(base, r0, 0, R, k0), 1)
-        nhi = _row_n(base, r0, rlast - r0, R, k0)
-        bad = False
-        for x in range(lane, (nhi - nlo) * D, 32):
-            kx = x // D
-            bad |= _vbad(Vu[k0 + nlo + kx, kvh * D + x - kx * D])
-        if cuda.any_sync(0xFFFFFFFF, bad):
-            for x in range(lane, 16 * ATT_TILE, 32):
-                Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
-            syncwarp()
-            for u in range(NU):
-                for e in range(4):
-                    rr = g + 8 * (e >> 1)
-                    cc = 8 * u + 2 * q + (e & 1)
-                    nr = _row_n(base, r0, rr, R, k0)
-                    if nr > 0 and cc < D:
-                        pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, kvh * D + cc, 1, 0, nr))
-                        acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
-                                                     be0 if e < 2 else be8)
-            syncwarp()
-        else:
-            nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
-            klim = k0 + nhi
-            vt = (kvh * NT + tix) * NU * 256 + 4 * lane
-            for u0 in range(0, NU, PK_GROUP):
-                for jj in range(PK_GROUP):
-                    if u0 + jj < NU:  # uniform
-                        o = vt + (u0 + jj) * 256
-                        Vb[8 * jj], Vb[8 * jj + 1], Vb[8 * jj + 2], Vb[8 * jj + 3] = ldg4u(Vp, o, True)
-                        Vb[8 * jj + 4], Vb[8 * jj + 5], Vb[8 * jj + 6], Vb[8 * jj + 7] = ldg4u(Vp, o + 128, True)
-                if klim < k0 + ATT_TILE:  # uniform: the diagonal tile
-                    for jj in range(PK_GROUP):
-                        for e in range(8):
-                            Vb[8 * jj + e] = _kmask(Vb[8 * jj + e], k0 + 16 * (e >> 1) + 8 * (e & 1) + 2 * q, klim)
-                for e in range(4 * PK_GROUP):
-                    C4[e] = np.uint32(0)
-                for s in range(4):
-                    if s < nsteps:  # uniform
-                        for jj in range(PK_GROUP):
-                            if u0 + jj < NU:  # uniform
-                                C4[4 * jj], C4[4 * jj + 1], C4[4 * jj + 2], C4[4 * jj + 3] = mma_bf16(
-                                    P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], Vb[8 * jj + 2 * s],
-                                    Vb[8 * jj + 2 * s + 1], C4[4 * jj], C4[4 * jj + 1], C4[4 * jj + 2],
-                                    C4[4 * jj + 3])
-                for jj in range(PK_GROUP):
-                    if u0 + jj < NU:
-                        ua = 4 * (u0 + jj)
-                        if n0 > 0:
-                            acc[ua] = merge_value(tix, acc[ua], al0, _u2f(C4[4 * jj]), be0)
-                            acc[ua + 1] = merge_value(tix, acc[ua + 1], al0, _u2f(C4[4 * jj + 1]), be0)
-                        if n8 > 0:
-                            acc[ua + 2] = merge_value(tix, acc[ua + 2], al8, _u2f(C4[4 * jj + 2]), be8)
-                            acc[ua + 3] = merge_value(tix, acc[ua + 3], al8, _u2f(C4[4 * jj + 3]), be8)
-    if lane < 16:
-        sT[w, 3, lane] = l
-    syncwarp()
-    l0 = sT[w, 3, g]
-    l8 = sT[w, 3, g + 8]
-    qo = h * D
-    for u in range(NU):
-        for e in range(4):
-            rr = rg + 8 * (e >> 1)
-            cc = 8 * u + 2 * q + (e & 1)
-            if rr < R and cc < D:
-                out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
-
-
-def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
-    """The packed variant of :func:`attention_mma_tc` (same conditions, same bits): pack, then
-    :func:`attention_mma_pk_k`. Packs the keys up to start + R (the whole cache with ``pos``:
-    the position is on the device). Kernel-owned scratch: the packed Q, K and V (2 bytes an
-    element, head_dim padded to 32) besides attention_mma_tc's."""
-    if D > ATT_TC_MAX_D or D % 4 or not all(a.is_c_contiguous() and aligned(a) for a in (Q, kc, vc)):
-        return False
-    if R <= 0:
-        return True
-    _bind()
-    cap = kc.shape[0]
-    keys = cap if pos is not None else min(cap, start + R)
-    NT = (keys + ATT_TILE - 1) // ATT_TILE
-    DW = 16 * ((D + 31) // 32)
-    NU = (D + 7) // 8
-    nb, hb = (R + 15) // 16, (hq + ATT_TC_WARPS - 1) // ATT_TC_WARPS
-    nq, nk, nv = 16 * nb * hq * DW, NT * ATT_TILE * hkv * DW, hkv * NT * NU * 256
-    Qp = scratch("attention_mma.pk_q", nq, np.uint32)[:nq]
-    Kp = scratch("attention_mma.pk_k", nk, np.uint32)[:nk]
-    Vp = scratch("attention_mma.pk_v", nv, np.uint32)[:nv]
-    Qu, Ku, Vu = Q.view(np.uint32), kc.view(np.uint32), vc.view(np.uint32)
-    launch(att_pack_rows_k, ((nq + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Qu, Qp, np.int64(R), np.int64(hq),
-           np.int64(D), np.int64(DW))
-    launch(att_pack_rows_k, ((nk + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Ku, Kp, np.int64(keys), np.int64(hkv),
-           np.int64(D), np.int64(DW))
-    launch(att_pack_v_k, ((nv + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Vu, Vp, np.int64(keys), np.int64(D),
-           np.int64(NU), np.int64(NT))
-    n = nb * hb * ATT_TC_WARPS
-    Pg = scratch("attention_mma.tc_p", n * 16 * ATT_TILE)[:n * 16 * ATT_TILE].reshape(n, 16, ATT_TILE)
-    launch(attention_mma_pk_k, (nb, hb), 32 * ATT_TC_WARPS, Qp, Kp, Vp, Vu, out, np.int64(start),
-           zero_pos() if pos is None else pos, np.int64(R), np.int64(hq), np.int64(hkv), np.int64(D),
-           np.float32(scale), Pg, Pg.view(np.uint32), np.int64(DW), np.int64(NU), np.int64(NT))
-    return True
+attention_mma_tc_k = attention_tc_variant(ATT_TC_SCHEDULE)
 
 
 def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, schedule=None):
@@ -1042,12 +753,8 @@ def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, sche
     signature, ``pos`` as in ``attention_mma_split``. Returns False (did nothing) where it does
     not apply: head_dim past ``ATT_TC_MAX_D`` or not a multiple of 4 (16-byte rows), or operands
     not C-contiguous and 16-byte aligned. Kernel-owned scratch: 4 KB per (16 rows, head), where
-    a warp's emulated tile (the rare non-finite V case) reads P. ``schedule``: ``"packed"``
-    (:func:`attention_mma_pk`) or a variant of :func:`attention_tc_variant` (default
-    ``ATT_TC_SCHEDULE``; for ``tools/probe_att_tc.py``)."""
-    schedule = ATT_TC_SCHEDULE if schedule is None else schedule
-    if schedule == "packed":
-        return attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos)
+    a warp's emulated tile (the rare non-finite V case) reads P. ``schedule``: a kernel variant of
+    :func:`attention_tc_variant` (default ``ATT_TC_SCHEDULE``; for ``tools/probe_att_tc.py``)."""
     if D > ATT_TC_MAX_D or D % 4 or not all(a.is_c_contiguous() and aligned(a) for a in (Q, kc, vc)):
         return False
     if R <= 0:
@@ -1056,7 +763,7 @@ def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, sche
     nb, hb = (R + 15) // 16, (hq + ATT_TC_WARPS - 1) // ATT_TC_WARPS
     n = nb * hb * ATT_TC_WARPS
     Pg = scratch("attention_mma.tc_p", n * 16 * ATT_TILE)[:n * 16 * ATT_TILE].reshape(n, 16, ATT_TILE)
-    kern = attention_tc_variant(tuple(schedule))
+    kern = attention_mma_tc_k if schedule is None else attention_tc_variant(schedule)
     launch(kern, (nb, hb), 32 * ATT_TC_WARPS, Q.view(np.uint32), kc.view(np.uint32),
            vc.view(np.uint32), out, np.int64(start), zero_pos() if pos is None else pos, np.int64(R), np.int64(hq),
            np.int64(hkv), np.int64(D), np.float32(scale), Pg, Pg.view(np.uint32))

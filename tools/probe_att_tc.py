@@ -5,9 +5,7 @@
 
 ``numba_kernels.mma_tc.attention_tc_variant`` builds ``attention_mma_tc_k`` with each of its
 schedule choices (prefetch, regpass, vhoist: the same arithmetic, other load and reduction
-orders); ``packed`` is ``attention_mma_pk`` (Q, K and V packed to bf16 once per call, then the
-same tiles and chains). ``--variants`` picks some (names: ``plain``, ``packed``, or flags joined
-by ``+``, e.g. ``prefetch+vhoist``; default: all nine). For every variant this tool
+orders). For every variant this tool
 
 1. runs the check cases (odd heads, head dims 8-256, starts on and off a 64-key tile, rows
    straddling a tile; all-zero queries: tied +0 scores; scores that overflow to ±∞; NaN keys at
@@ -78,22 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hq", type=int, default=16)
     ap.add_argument("--hkv", type=int, default=2)
     ap.add_argument("--d", type=int, default=256)
-    ap.add_argument("--variants", default="all")
     a = ap.parse_args(argv)
-    names = ("prefetch", "regpass", "vhoist")
-    allv = [tuple(f) for f in itertools.product((False, True), repeat=3)] + ["packed"]
-
-    def name(v):
-        return v if isinstance(v, str) else "+".join(n for n, f in zip(names, v) if f) or "plain"
-
-    if a.variants == "all":
-        variants = allv
-    else:
-        by = {name(v): v for v in allv}
-        bad = [x for x in a.variants.split(",") if x not in by]
-        if bad:
-            ap.error(f"unknown variant(s) {', '.join(bad)} (known: {', '.join(by)})")
-        variants = [by[x] for x in a.variants.split(",")]
     np.row_stack = getattr(np, "row_stack", np.vstack)  # numba-cuda 0.30.4 with numpy 2.5
     from numba import cuda
 
@@ -119,8 +102,8 @@ def main(argv=None) -> int:
     for R in rows:
         big[R] = [cuda.to_device(rng.standard_normal((R, h * a.d), dtype=F32)) for h in (a.hq, a.hkv, a.hkv)]
     ok = True
-    for sch in variants:
-        v = {"variant": name(sch), "checks": {}, "times": {}}
+    for sch in itertools.product((False, True), repeat=3):
+        v = {"schedule": dict(zip(("prefetch", "regpass", "vhoist"), sch)), "checks": {}, "times": {}}
         for name, Q, K, V, start, R, hq, hkv, D in cases:
             o = cuda.to_device(np.zeros((R, hq * D), F32))
             assert mma_tc.attention_mma_tc(cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), o, start, R, hq,
@@ -143,7 +126,7 @@ def main(argv=None) -> int:
             v["times"][str(R)] = {"s": t, "tflops": flops / t / 1e12}
         res["variants"].append(v)
         bad = [k for k, x in v["checks"].items() if x != "bitwise"]
-        print(f"{name(sch)}: " + ", ".join(f"R {R} {v['times'][str(R)]['s'] * 1e3:.2f} ms "
+        print(f"{sch}: " + ", ".join(f"R {R} {v['times'][str(R)]['s'] * 1e3:.2f} ms "
                                      f"({v['times'][str(R)]['tflops']:.1f} TFLOP/s)" for R in rows)
               + (f"; DIFFERS: {', '.join(bad)}" if bad else "; checks bitwise"), flush=True)
     write_text_atomic(a.out, json.dumps(res, indent=1) + "\n")

@@ -226,11 +226,10 @@ def mma_op_cases(rng, full, add):
     # split-KV up to SPLIT_MAX_ROWS (16) rows; past it the tensor-core kernel (head_dim a multiple
     # of 4 up to 256: D 40 is not one of 16; odd heads; starts on and off a 64-key tile; warps
     # whose 16 rows straddle a tile), one block per (row, head) for other head dims (D 6); the
-    # captured step's device-side position (@pos: the grid covers the cache's capacity); head_dim 12
-    # (packed: a last n-tile of 4 columns, one MMA step of a 32-k block)
+    # captured step's device-side position (@pos: the grid covers the cache's capacity)
     att = [(16, 2, 256, 1000, 1, ""), (4, 2, 64, 61, 17, ""), (16, 2, 256, 5000, 4, "@pos"), (3, 1, 24, 130, 16, ""),
            (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos"), (7, 7, 40, 64, 33, ""), (8, 2, 128, 0, 70, ""),
-           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, ""), (3, 3, 12, 130, 40, "")]
+           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, "")]
     for hq, hkv, D, start, R, tag in (att if full else att[1:2] + att[5:]):
         ctx = start + R
         cap = ctx + (100 if tag else 0)
