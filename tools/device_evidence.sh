@@ -4,7 +4,8 @@
 # CPU-side comparisons with the committed CPU receipts. harness bench runs separately, alone on
 # the GPU (its timings are the measurement): bash tools/device_run.sh OUTDIR bench.
 #   PRIMEWALK_COMMIT=<sha> [MODE_BF16=1] [BISECT_8L=1] bash tools/device_evidence.sh OUTDIR
-# MODE_BF16=1 adds the exact-bf16 tiny matrix on both targets; BISECT_8L=1 then times harness bisect
+# MODE_BF16=1 adds the exact-bf16 tiny matrix on both targets and the default and stdlib matrices
+# in the mode on CUDA (against the committed CPU runs in receipts/exact-bf16/); BISECT_8L=1 then times harness bisect
 # on a 4,096-token bench-8l prime on CUDA (issue #12's goal), alone on the GPU.
 # Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
 # each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 300) bounds
@@ -67,6 +68,13 @@ if [ "${MODE_BF16:-0}" = 1 ]; then
     --out "$res/h200-tiny-exact-bf16.json" --quiet --no-plots
   job mma-tiny-cpu $h run-matrix --spec harness/specs/tiny.toml --mode exact-bf16 \
     --out "$res/cpu-tiny-exact-bf16.json" --quiet --no-plots
+  # the default and stdlib matrices in the mode on CUDA, against the CPU twin's committed runs
+  # (receipts/exact-bf16/cpu-{default,stdlib}.json: the twin takes minutes, the device's CPUs
+  # are busy compiling)
+  job mma-default $h run-matrix --backend cuda --mode exact-bf16 --out "$res/h200-default-exact-bf16.json" \
+    --quiet --no-plots
+  job mma-stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 \
+    --out "$res/h200-stdlib-exact-bf16.json" --quiet --no-plots
 fi
 wait
 sort "$res/jobs.txt"
@@ -83,6 +91,9 @@ fi
   d receipts/golden/tiny.json "$res/h200-tiny-w2.json"
   d "$res/own-cpu.json" "$res/own-cuda.json"
   [ -f "$res/h200-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/h200-tiny-exact-bf16.json"
+  for m in default stdlib; do
+    [ -f "$res/h200-$m-exact-bf16.json" ] && d "receipts/exact-bf16/cpu-$m.json" "$res/h200-$m-exact-bf16.json"
+  done
 } > "$res/diffs.txt" 2>&1
 cat "$res/diffs.txt"
 for f in device-check device-walker; do tail -2 "$res/$f.log"; done

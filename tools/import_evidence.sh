@@ -29,6 +29,13 @@ same() {  # a CPU receipt of the run replaces the committed one only with equal 
 }
 same "$ev/own-cpu.json" receipts/own/cpu.json
 same "$ev/cpu-tiny-exact-bf16.json" receipts/exact-bf16/cpu-tiny.json
+for m in default stdlib; do  # the mode's big matrices on CUDA (device_evidence.sh MODE_BF16=1), when run
+  if [ -f "$ev/h200-$m-exact-bf16.json" ]; then
+    $h diff --digests-only "receipts/exact-bf16/cpu-$m.json" "$ev/h200-$m-exact-bf16.json" > /dev/null ||
+      echo "import_evidence: h200-$m-exact-bf16.json differs from receipts/exact-bf16/cpu-$m.json (copied: read the diff)" >&2
+    cp "$ev/h200-$m-exact-bf16.json" "$ev/h200-$m-exact-bf16.csv" "$dev/"
+  fi
+done
 MPLBACKEND=Agg $h plot "$dev/h200-default.json" > /dev/null
 MPLBACKEND=Agg $h plot "$dev/h200-stdlib.json" > /dev/null
 if [ -n "$bench" ]; then
