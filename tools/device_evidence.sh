@@ -5,7 +5,7 @@
 # the GPU (its timings are the measurement): bash tools/device_run.sh OUTDIR bench.
 #   PRIMEWALK_COMMIT=<sha> [MODE_BF16=1] [BISECT_8L=1] bash tools/device_evidence.sh OUTDIR
 # MODE_BF16=1 adds the exact-bf16 tiny matrix on both targets and the default and stdlib matrices
-# in the mode on CUDA (against the committed CPU runs in receipts/exact-bf16/); BISECT_8L=1 then times harness bisect
+# in the mode on CUDA (against the committed CPU runs in receipts/exact-bf16/, where there is one); BISECT_8L=1 then times harness bisect
 # on a 4,096-token bench-8l prime on CUDA (issue #12's goal), alone on the GPU.
 # Writes OUTDIR/results.tar: the receipts, one log per job, jobs.txt (exit code and seconds of
 # each), diffs.txt (each CUDA receipt against its CPU golden). T (seconds, default 300) bounds
@@ -91,8 +91,9 @@ fi
   d receipts/golden/tiny.json "$res/h200-tiny-w2.json"
   d "$res/own-cpu.json" "$res/own-cuda.json"
   [ -f "$res/h200-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/h200-tiny-exact-bf16.json"
-  for m in default stdlib; do
-    [ -f "$res/h200-$m-exact-bf16.json" ] && d "receipts/exact-bf16/cpu-$m.json" "$res/h200-$m-exact-bf16.json"
+  for m in default stdlib; do  # (stdlib: no CPU run committed yet, see the README's exact-bf16 section)
+    [ -f "$res/h200-$m-exact-bf16.json" ] && [ -f "receipts/exact-bf16/cpu-$m.json" ] &&
+      d "receipts/exact-bf16/cpu-$m.json" "$res/h200-$m-exact-bf16.json"
   done
 } > "$res/diffs.txt" 2>&1
 cat "$res/diffs.txt"

@@ -31,8 +31,11 @@ same "$ev/own-cpu.json" receipts/own/cpu.json
 same "$ev/cpu-tiny-exact-bf16.json" receipts/exact-bf16/cpu-tiny.json
 for m in default stdlib; do  # the mode's big matrices on CUDA (device_evidence.sh MODE_BF16=1), when run
   if [ -f "$ev/h200-$m-exact-bf16.json" ]; then
-    $h diff --digests-only "receipts/exact-bf16/cpu-$m.json" "$ev/h200-$m-exact-bf16.json" > /dev/null ||
+    if [ ! -f "receipts/exact-bf16/cpu-$m.json" ]; then
+      echo "import_evidence: no receipts/exact-bf16/cpu-$m.json to compare h200-$m-exact-bf16.json with (copied)" >&2
+    elif ! $h diff --digests-only "receipts/exact-bf16/cpu-$m.json" "$ev/h200-$m-exact-bf16.json" > /dev/null; then
       echo "import_evidence: h200-$m-exact-bf16.json differs from receipts/exact-bf16/cpu-$m.json (copied: read the diff)" >&2
+    fi
     cp "$ev/h200-$m-exact-bf16.json" "$ev/h200-$m-exact-bf16.csv" "$dev/"
   fi
 done
