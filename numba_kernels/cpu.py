@@ -10,7 +10,8 @@ The CPU primitives: ``fma`` is the ``llvm.fma.f32`` intrinsic (one rounding), ``
 float32 multiply (LLVM does not contract without fast-math), ``sqrt32`` ``math.sqrt`` on a
 float32 (``llvm.sqrt.f32``), ``bits_to_f32`` an LLVM bitcast, ``widen`` a weight element as
 float32 (a bf16 bit pattern, uint16, widened exactly: its bits shifted up by 16; anything else
-converted), ``barrier`` nothing (one lane).
+converted), ``wbits`` an MMA operand element's float32 bit pattern (uint16 bf16 bits shifted up, a
+float32 bitcast, a uint32 as it is), ``barrier`` nothing (one lane).
 """
 
 from __future__ import annotations
@@ -125,6 +126,30 @@ def widen_intrinsic(typingctx, x):
 widen = intrinsic(widen_intrinsic)
 
 
+def wbits_intrinsic(typingctx, x):
+    """``wbits(x)``: the float32 bit pattern (uint32) of an element of an exact-bf16 operand array:
+    a uint16 is a bf16 bit pattern (its bits shifted up by 16: the widened float32's bits), a
+    float32 its own bits, any other 32-bit integer already a bit pattern (a ``view(np.uint32)``).
+    So one MMA emulation reads float32 operands, their uint32 views and bf16-resident weights
+    (uint16) alike. The CUDA target compiles the same typing and code (:mod:`numba_kernels.launch`)."""
+    u32 = ir.IntType(32)
+    if isinstance(x, types.Integer) and x.bitwidth == 16 and not x.signed:
+        def codegen(context, builder, signature, args):
+            return builder.shl(builder.zext(args[0], u32), ir.Constant(u32, 16))
+    elif isinstance(x, types.Float) and x.bitwidth == 32:
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], u32)
+    elif isinstance(x, types.Integer) and x.bitwidth == 32:
+        def codegen(context, builder, signature, args):
+            return args[0]
+    else:
+        return None
+    return types.uint32(x), codegen
+
+
+wbits = intrinsic(wbits_intrinsic)
+
+
 @njit(inline="always")
 def fma(a, b, c):
     return _fma(np.float32(a), np.float32(b), np.float32(c))
@@ -156,8 +181,8 @@ def _jit_twin(f, t):
 
 
 _NS, OPS = tags.build(FAMILIES, __name__,
-                      dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, barrier=barrier,
-                           prange=prange),
+                      dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, wbits=wbits,
+                           barrier=barrier, prange=prange),
                       {"body": lambda f, t: njit(cache=True)(f), "twin": _jit_twin})
 BODIES = {f.__name__: _NS[f.__name__] for f, _ in tags.tagged(FAMILIES, "body")}
 globals().update(tags.constants(FAMILIES))

@@ -28,8 +28,8 @@ Global memory (read-only for the kernel's lifetime: ``ld.global.nc``):
 
 Asynchronous copies global → shared (``cp.async``): ``cp16(S, i, A, row, col)`` / ``cp4`` copy
 16 / 4 bytes of ``A[row, col:]`` to ``S[i:]``; ``cp16f(S, i, A, off, rs)`` / ``cp4f`` from flat
-element ``off``; ``cp_commit()``, ``cp_wait0()``, ``cp_wait1()`` (``cp.async.commit_group``,
-``wait_group 0/1``).
+element ``off``; ``cp_commit()``, ``cp_wait0()``, ``cp_wait1()``, ``cp_wait2()`` (``cp.async.commit_group``,
+``wait_group 0/1/2``).
 
 Other: ``sel(c, a, b)`` (a branch-free select); ``xput``, ``xget``, ``xdone``: a warp exchange of
 two values per lane (``xput(xb, w, lane, a, b)`` publishes, ``xget(xb, w, which, v, src)`` reads
@@ -148,6 +148,9 @@ if SIMULATED:
         pass
 
     def cp_wait1():
+        pass
+
+    def cp_wait2():
         pass
 
     def sel(c, a, b):
@@ -471,6 +474,7 @@ else:
     cp_commit = _asm0("cp.async.commit_group;")
     cp_wait0 = _asm0("cp.async.wait_group 0;")
     cp_wait1 = _asm0("cp.async.wait_group 1;")
+    cp_wait2 = _asm0("cp.async.wait_group 2;")
 
     # ---- select, warp exchange ---------------------------------------------------------------
     @intrinsic
@@ -500,7 +504,7 @@ else:
 
 
 PRIMITIVES = ("lds1", "sts1", "lds2", "lds4", "sts4", "ldg4", "ldgz4", "ldg4p", "ldg1p", "ldgh4p", "ldgh1p", "ld4g",
-         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp_commit", "cp_wait0", "cp_wait1", "sel", "xput", "xget", "xdone")
+         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp_commit", "cp_wait0", "cp_wait1", "cp_wait2", "sel", "xput", "xget", "xdone")
 
 
 def bindings() -> dict:

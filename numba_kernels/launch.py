@@ -76,9 +76,10 @@ if not SIMULATED:
 
     from numba.cuda.extending import intrinsic as _intrinsic
 
-    from .cpu import widen_intrinsic
+    from .cpu import wbits_intrinsic, widen_intrinsic
 
     widen = _intrinsic(widen_intrinsic)  # the CPU twin's typing and code
+    wbits = _intrinsic(wbits_intrinsic)
 
     @dev
     def syncwarp():
@@ -102,6 +103,13 @@ else:
         if isinstance(x, np.uint16):
             return np.array([int(x) << 16], np.uint32).view(np.float32)[0]
         return F32(x)
+
+    def wbits(x):
+        if isinstance(x, np.uint16):
+            return np.uint32(int(x) << 16)
+        if isinstance(x, (np.float32, float)):
+            return np.array([x], np.float32).view(np.uint32)[0]
+        return np.uint32(x)
 
     @dev
     def syncwarp():  # the simulator has no warp barrier; a block barrier is a stronger one
@@ -357,6 +365,6 @@ def generated(gen, cfg) -> Kernel:
 
 def bindings() -> dict:
     """The names :mod:`numba_kernels.tags` leaves to the target, bound for CUDA."""
-    return dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, barrier=barrier,
-                syncwarp=syncwarp, cuda=cuda, launch=launch, grid1=grid1, block_size=block_size, zero_pos=zero_pos,
+    return dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, wbits=wbits,
+                barrier=barrier, syncwarp=syncwarp, cuda=cuda, launch=launch, grid1=grid1, block_size=block_size, zero_pos=zero_pos,
                 scratch=scratch, zero_buffer=zero_buffer, generated=generated, aligned=aligned)

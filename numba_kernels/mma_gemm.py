@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import silu32
-from .tags import bits_to_f32, body, cuda, fmul, grid1, kernel, launch, launcher, prange, twin
+from .tags import bits_to_f32, body, cuda, fmul, grid1, kernel, launch, launcher, prange, twin, wbits
 
 MMA_K = 16  # terms per MMA step
 MMA_GRID_FLOOR = -158  # the alignment grid never goes below 2^-158 (mma.GRID_FLOOR)
@@ -133,8 +133,8 @@ def mma_step(Au, ra, ca, Bu, rb, cb, sr, sc, n, c):
     ninf = False
     emax = np.int64(-(1 << 20))
     for k in range(n):
-        a = bf16_of(Au[ra, ca + k])
-        b = bf16_of(Bu[rb + k * sr, cb + k * sc])
+        a = bf16_of(wbits(Au[ra, ca + k]))
+        b = bf16_of(wbits(Bu[rb + k * sr, cb + k * sc]))
         ea = (a >> 7) & 0xFF
         eb = (b >> 7) & 0xFF
         za = ea == 0 and (a & 0x7F) == 0
@@ -177,8 +177,8 @@ def mma_step(Au, ra, ca, Bu, rb, cb, sr, sc, n, c):
         g = MMA_GRID_FLOOR
     S = np.int64(0)
     for k in range(n):
-        a = bf16_of(Au[ra, ca + k])
-        b = bf16_of(Bu[rb + k * sr, cb + k * sc])
+        a = bf16_of(wbits(Au[ra, ca + k]))
+        b = bf16_of(wbits(Bu[rb + k * sr, cb + k * sc]))
         ea = (a >> 7) & 0xFF
         eb = (b >> 7) & 0xFF
         ma = a & 0x7F
@@ -219,7 +219,7 @@ def mma_decode(Au, r, K, M, L):
     True when the row holds ±∞ or NaN (its outputs take :func:`mma_dot`)."""
     special = False
     for k in range(K):
-        a = bf16_of(Au[r, k])
+        a = bf16_of(wbits(Au[r, k]))
         ea = (a >> 7) & 0xFF
         m = a & 0x7F
         if ea == 255:
@@ -290,8 +290,7 @@ def linear_mma_cpu(X, W, out, R):
     X: [≥R, K]; W: [N, K] (bf16 values); out: [≥R, N]; all float32, C-contiguous. The rows of X
     and W are decoded to bf16 fields once (:func:`mma_decode`), then every output runs its steps
     on the fields (:func:`mma_step_dec`)."""
-    Xu = X.view(np.uint32)
-    Wu = W.view(np.uint32)
+    Xu = X.view(np.uint32)  # W as it is: float32 or bf16 bits (uint16), read through wbits
     outu = out.view(np.uint32)
     N, K = W.shape
     XM = np.empty((R, K), np.int16)
@@ -303,10 +302,10 @@ def linear_mma_cpu(X, W, out, R):
     for r in prange(R):
         xs[r] = mma_decode(Xu, r, K, XM, XL)
     for o in prange(N):
-        ws[o] = mma_decode(Wu, o, K, WM, WL)
+        ws[o] = mma_decode(W, o, K, WM, WL)
     for ro in prange(R * N):
         r = ro // N
-        linear_mma_dec_at(Xu, Wu, XM, XL, xs, WM, WL, ws, outu, r, ro - r * N)
+        linear_mma_dec_at(Xu, W, XM, XL, xs, WM, WL, ws, outu, r, ro - r * N)
 
 
 @twin("mma_steps", parallel=True, host=True)
@@ -336,8 +335,7 @@ def linear_mma_naive_k(Xu, Wu, outu, R):
 @launcher(of="linear_mma")
 def linear_mma_naive(X, W, out, R):
     """One thread per output, the twin's body (the MMA emulated in integer arithmetic)."""
-    launch(linear_mma_naive_k, *grid1(R * W.shape[0]), X.view(np.uint32), W.view(np.uint32),
-           out.view(np.uint32), R)
+    launch(linear_mma_naive_k, *grid1(R * W.shape[0]), X.view(np.uint32), W, out.view(np.uint32), R)
 
 
 @launcher("linear_mma")
@@ -370,23 +368,20 @@ def moe_down_mma_at(actu, D2u, idx, H, yu, rq, d):
 @twin("moe_up_mma", parallel=True)
 def moe_up_mma_cpu(X, G2, U2, idx, I, act, R):
     """exact-bf16 ``moe_up``: the expert dots on the MMA (G2, U2 bf16 values)."""
-    Xu = X.view(np.uint32)
-    G2u = G2.view(np.uint32)
-    U2u = U2.view(np.uint32)
+    Xu = X.view(np.uint32)  # G2, U2 as they are: float32 or bf16 bits (uint16)
     for rqi in prange(R * idx.shape[1] * I):
         rq = rqi // I
-        moe_up_mma_at(Xu, G2u, U2u, idx, I, act, rq, rqi - rq * I)
+        moe_up_mma_at(Xu, G2, U2, idx, I, act, rq, rqi - rq * I)
 
 
 @twin("moe_down_mma", parallel=True)
 def moe_down_mma_cpu(act, D2, idx, H, y, R):
     """exact-bf16 ``moe_down`` (D2 bf16 values)."""
     actu = act.view(np.uint32)
-    D2u = D2.view(np.uint32)
-    yu = y.view(np.uint32)
+    yu = y.view(np.uint32)  # D2 as it is: float32 or bf16 bits (uint16)
     for rqd in prange(R * idx.shape[1] * H):
         rq = rqd // H
-        moe_down_mma_at(actu, D2u, idx, H, yu, rq, rqd - rq * H)
+        moe_down_mma_at(actu, D2, idx, H, yu, rq, rqd - rq * H)
 
 
 @kernel
@@ -399,8 +394,7 @@ def moe_up_mma_k(Xu, G2u, U2u, idx, I, act, R):
 
 @launcher("moe_up_mma")
 def moe_up_mma_cuda(X, G2, U2, idx, I, act, R):
-    launch(moe_up_mma_k, *grid1(R * idx.shape[1] * I), X.view(np.uint32), G2.view(np.uint32), U2.view(np.uint32),
-           idx, I, act, R)
+    launch(moe_up_mma_k, *grid1(R * idx.shape[1] * I), X.view(np.uint32), G2, U2, idx, I, act, R)
 
 
 @kernel
@@ -413,5 +407,4 @@ def moe_down_mma_k(actu, D2u, idx, H, yu, R):
 
 @launcher("moe_down_mma")
 def moe_down_mma_cuda(act, D2, idx, H, y, R):
-    launch(moe_down_mma_k, *grid1(R * idx.shape[1] * H), act.view(np.uint32), D2.view(np.uint32), idx, H,
-           y.view(np.uint32), R)
+    launch(moe_down_mma_k, *grid1(R * idx.shape[1] * H), act.view(np.uint32), D2, idx, H, y.view(np.uint32), R)

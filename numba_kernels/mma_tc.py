@@ -19,19 +19,26 @@ Fragment layout (PTX ISA, m16n8k16 .bf16): lane = 4g + q; A regs (row g, k 2q..2
 (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..), lower k in the low half; B regs
 (k 2q..2q+1, col g), (k 2q+8..2q+9, col g); C/D (row g, col 2q, 2q+1), (row g+8, col 2q, 2q+1).
 
-``linear_mma_tc4_k`` (rows of K % 4 == 0, 16-byte aligned): the same tiles, with each lane reading
-a step's four k in one 16-byte load (the step's k permuted alike in A and B; see the comment above
-it) and the next four steps' loads issued before the current four MMAs.
+``linear_mma_gemv_k`` (K % 4 == 0, aligned, up to ``GV_MAX_ROWS`` rows: decode, verify, drafts):
+one warp per 16×8 tile streaming its 8 W rows and its X rows through shared memory with
+cp.async, a step's k permuted alike in A and B (the rule depends on the set of a step's terms
+only; see the comment above it).
 
 ``linear_mma_gemm_k`` (K % 4 == 0, aligned, from ``GEMM_MIN_ROWS`` rows: primes): 128 × 128 block
 tiles, K tiles of 32 staged in shared memory as bf16 pairs, each warp 4 × 4 MMA tiles whose chains
-are the one-warp kernels' chains. ``linear_mma_tc`` picks it, else ``linear_mma_tc4_k``, else
-``linear_mma_tc_k``.
+are the one-warp kernels' chains. ``linear_mma_tc`` picks it, else ``linear_mma_gemv_k``, else
+``linear_mma_tc_k``. (These three read float32 W of bf16 values, ``--weights f32``.)
 
-``attention_mma_tc_k`` (more rows than split-KV takes; head_dim a multiple of 4 up to
-``ATT_TC_MAX_D``): one warp per (16 query rows, head), QKᵀ and P·V on the MMA, the twin's tiles
-and its per-row loops (see the comment above it). ``attention_mma_gpu`` is the op on a GPU:
-split-KV, this kernel, or the one-block-per-(row, head) kernel.
+``attention_mma_pk`` (what ``attention_mma_tc`` runs: more rows than split-KV takes; head_dim a
+multiple of 4 up to ``ATT_TC_MAX_D``): Q, K and V packed to bf16 once per call in fragment order,
+then one warp per (16 query rows, head), QKᵀ and P·V on the MMA, the twin's tiles and its per-row
+loops (see the comment above it). ``attention_mma_gpu`` is the op on a GPU: split-KV, this
+kernel, or the one-block-per-(row, head) kernel.
+
+Weights resident as bf16 bits (uint16, the default on CUDA): ``linear_mma_g16_k`` (from
+``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``) and ``linear_mma_vd_k`` /
+``linear_mma_vd8_k`` (fewer rows: decode, verify, drafts) for K % 8 == 0, else
+``linear_mma_tc_k`` on element loads (see the comment above ``G16_M``).
 
 ``harness device-check`` compares every kernel bitwise with the twin at every dispatch threshold;
 ``tools/probe_mma_gemm.py`` times the linear against torch bf16, ``tools/profile_prime_mma.py``
@@ -49,8 +56,8 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS
 from .exact import ATT_TILE, ZERO
-from .intrin import ldg4u
-from .launch import aligned, fmul, launch, scratch, syncwarp, zero_pos
+from .intrin import cp16, cp_commit, cp_wait1, cp_wait2, ldg4u
+from .launch import aligned, fmul, launch, scratch, syncwarp, wbits, zero_pos
 
 BODIES = ("exp32", "merge_stats", "merge_value", "attn_out", "mma_dot", "mma_f32", "attention_mma_split",
           "attention_mma_tiled")
@@ -121,9 +128,9 @@ def _b2(Wu, o, k, N, K):
     hi = np.uint32(0)
     if o < N:
         if k < K:
-            lo = Wu[o, k] >> np.uint32(16)
+            lo = wbits(Wu[o, k]) >> np.uint32(16)
         if k + 1 < K:
-            hi = Wu[o, k + 1] >> np.uint32(16)
+            hi = wbits(Wu[o, k + 1]) >> np.uint32(16)
     return lo | (hi << np.uint32(16))
 
 
@@ -174,79 +181,87 @@ def linear_mma_tc_k(Xu, Wu, outu, R):
     _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
 
 
-# ---- the vectorised kernel: one 16-byte load per lane per K step ------------------------------
-# Within one MMA step the rule sums all 16 products exactly after one alignment to the largest
-# term (numba_kernels/MMA.md §2: emax, the truncation grid and the single rounding are properties
-# of the set of terms), so the 16 k of a step may sit in any fragment position, as long as A and B
-# use the same one. Here lane (g, q) holds the step's k = 4q … 4q+3: fragment k 2q, 2q+1 ← 4q,
-# 4q+1 and 2q+8, 2q+9 ← 4q+2, 4q+3, so each lane reads W[o, k0+4q : k0+4q+4] and
-# X[r, k0+4q : k0+4q+4] in one 16-byte load each (rows 16-byte aligned: K % 4 == 0).
-@cuda.jit(device=True, inline=True)
-def _raw4(Xu, Wu, rg, o, k, R, N, K):
-    """One step's raw words for lane (g, q) at k = k0 + 4q, as loaded (16 bytes each): X rows rg
-    and rg + 8 (float32 bits) and W row o (float32 arrays of bf16 values); zeros outside. The
-    conversion to fragments (:func:`_frag4`) waits until the MMA, so that a group's loads are all
-    in flight before any of their results is needed."""
-    x0, x1, x2, x3 = ldg4u(Xu, rg * K + k, (rg < R) & (k < K))  # & not `and`: no branch
-    y0, y1, y2, y3 = ldg4u(Xu, (rg + 8) * K + k, (rg + 8 < R) & (k < K))
-    w0, w1, w2, w3 = ldg4u(Wu, o * K + k, (o < N) & (k < K))
-    return x0, x1, x2, x3, y0, y1, y2, y3, w0, w1, w2, w3
+# ---- the GEMV (few rows: decode, verify, drafts): W streamed through shared memory --------------
+# One warp per 16 × 8 output tile (one per block) copies GV_KT k of its 8 W rows (512 contiguous
+# bytes a row per copy instruction) and of the tile's X rows (rows < R only) into shared memory
+# with cp.async, the next stage in flight while the current one's GV_KT / 16 MMA steps run. Lane
+# (g, q) holds a step's k 4q … 4q+3 (fragment k 2q, 2q+1 ← 4q, 4q+1 and 2q+8, 2q+9 ← 4q+2, 4q+3),
+# in A and in B alike. Each output is the chain of K/16 MMAs from +0 (X rounded to bf16 as it is
+# packed, W's high halves), so the bits are linear_mma_tc_k's; a lane's 16 bytes past K (the last
+# step's tail) are fed as +0, steps past K are not issued. Rows ≥ R and columns ≥ N read zeros
+# (set once) and are not stored. (It replaced linear_mma_tc4_k, which read W straight from global
+# memory with four steps in flight: h200-probe-mma-gemm-05bc542.log.)
+GV_KT = 128  # k per stage
+_GVS = GV_KT + 4  # words per shared row (a fragment load over 8 rows touches 32 banks)
+_GV_SX = 2 * 16 * _GVS  # shared words: two stages of 16 X rows
+_GV_SW = 2 * 8 * _GVS  # and of 8 W rows
+GV_MAX_ROWS = 32  # at most this many rows take linear_mma_gemv_k (more: the block-tiled GEMM)
 
 
 @cuda.jit(device=True, inline=True)
-def _frag4(f):
-    """The fragments (a0, a1, a2, a3, b0, b1) of :func:`_raw4`'s words: X rounded to bf16 and W's
-    high halves, packed (k, k+1) and (k+2, k+3); a1, a3 are row g + 8."""
-    return (_bf16(f[0]) | (_bf16(f[1]) << np.uint32(16)), _bf16(f[4]) | (_bf16(f[5]) << np.uint32(16)),
-            _bf16(f[2]) | (_bf16(f[3]) << np.uint32(16)), _bf16(f[6]) | (_bf16(f[7]) << np.uint32(16)),
-            (f[8] >> np.uint32(16)) | (f[9] & np.uint32(0xFFFF0000)),
-            (f[10] >> np.uint32(16)) | (f[11] & np.uint32(0xFFFF0000)))
+def _gv_issue(sX, sW, Xu, Wu, buf, k, r0, o0, R, N, K, lane):
+    """Stage buf: X rows r0 … r0+15 (those < R) and W rows o0 … o0+7 (those < N), k … k+GV_KT."""
+    kk = k + 4 * lane
+    if kk < K:
+        for r in range(16):
+            if r0 + r < R:
+                cp16(sX, (buf * 16 + r) * _GVS + 4 * lane, Xu, r0 + r, kk)
+        for r in range(8):
+            if o0 + r < N:
+                cp16(sW, (buf * 8 + r) * _GVS + 4 * lane, Wu, o0 + r, kk)
 
 
 @cuda.jit(device=True, inline=True)
-def _mma6(f, d0, d1, d2, d3):
-    a0, a1, a2, a3, b0, b1 = _frag4(f)
-    return mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+def _gv_place():
+    """A one-warp GEMV block's lane, its (g, q) = (lane >> 2, lane & 3), and the block's first W row
+    (8 a block along x) and X row (16 a block along y)."""
+    lane = cuda.threadIdx.x
+    return lane, lane >> 2, lane & 3, cuda.blockIdx.x * 8, cuda.blockIdx.y * 16
 
 
 @cuda.jit
-def linear_mma_tc4_k(Xu, Wu, outu, R):
-    """As linear_mma_tc_k with 16-byte fragment loads (K % 4 == 0) and the loads of the next four
-    K steps issued before the MMAs of the current four."""
+def linear_mma_gemv_k(Xu, Wu, outu, R):
+    """exact-bf16 linear of up to GV_MAX_ROWS rows (K % 4 == 0, aligned): see the comment above."""
     N, K = Wu.shape
-    r0, o0, g, q = _tile(N)
-    if r0 >= R:  # uniform over the warp
-        return
-    rg = r0 + g
-    og = o0 + g
-    kq = 4 * q
+    sX = cuda.shared.array(_GV_SX, np.uint32, alignment=16)  # cp.async: 16-byte destinations
+    sW = cuda.shared.array(_GV_SW, np.uint32, alignment=16)
+    lane, g, q, o0, r0 = _gv_place()
+    for i in range(lane, _GV_SX, 32):  # rows past R / N, and the tail past K: zeros
+        sX[i] = np.uint32(0)
+    for i in range(lane, _GV_SW, 32):
+        sW[i] = np.uint32(0)
+    syncwarp()
     d0 = np.uint32(0)
     d1 = np.uint32(0)
     d2 = np.uint32(0)
     d3 = np.uint32(0)
-    f0 = _raw4(Xu, Wu, rg, og, kq, R, N, K)
-    f1 = _raw4(Xu, Wu, rg, og, kq + 16, R, N, K)
-    f2 = _raw4(Xu, Wu, rg, og, kq + 32, R, N, K)
-    f3 = _raw4(Xu, Wu, rg, og, kq + 48, R, N, K)
-    k0 = 0
-    while k0 < K:  # steps k0, k0+16, k0+32, k0+48 (those < K, a uniform test) in order
-        n0 = _raw4(Xu, Wu, rg, og, k0 + 64 + kq, R, N, K)
-        n1 = _raw4(Xu, Wu, rg, og, k0 + 80 + kq, R, N, K)
-        n2 = _raw4(Xu, Wu, rg, og, k0 + 96 + kq, R, N, K)
-        n3 = _raw4(Xu, Wu, rg, og, k0 + 112 + kq, R, N, K)
-        d0, d1, d2, d3 = _mma6(f0, d0, d1, d2, d3)
-        if k0 + 16 < K:
-            d0, d1, d2, d3 = _mma6(f1, d0, d1, d2, d3)
-        if k0 + 32 < K:
-            d0, d1, d2, d3 = _mma6(f2, d0, d1, d2, d3)
-        if k0 + 48 < K:
-            d0, d1, d2, d3 = _mma6(f3, d0, d1, d2, d3)
-        f0 = n0
-        f1 = n1
-        f2 = n2
-        f3 = n3
-        k0 += 64
-    _store(outu, rg, o0 + 2 * q, R, N, d0, d1, d2, d3)
+    nst = (K + GV_KT - 1) // GV_KT
+    _gv_issue(sX, sW, Xu, Wu, 0, 0, r0, o0, R, N, K, lane)
+    cp_commit()
+    for st in range(nst):
+        if st + 1 < nst:
+            _gv_issue(sX, sW, Xu, Wu, (st + 1) & 1, (st + 1) * GV_KT, r0, o0, R, N, K, lane)
+        cp_commit()  # (an empty group past the last stage: the wait below counts groups)
+        cp_wait1()  # every group but the newest: stage st has landed
+        syncwarp()
+        buf = st & 1
+        xa = (buf * 16 + g) * _GVS + 4 * q
+        xb = xa + 8 * _GVS
+        wb = (buf * 8 + g) * _GVS + 4 * q
+        for j in range(GV_KT // 16):
+            k0 = st * GV_KT + 16 * j
+            if k0 < K:  # uniform: a step past K is not issued
+                ok = k0 + 4 * q < K  # this lane's 16 bytes of the last step: +0 past K
+                e = 16 * j
+                a0 = _pack(sX[xa + e], sX[xa + e + 1]) if ok else np.uint32(0)
+                a2 = _pack(sX[xa + e + 2], sX[xa + e + 3]) if ok else np.uint32(0)
+                a1 = _pack(sX[xb + e], sX[xb + e + 1]) if ok else np.uint32(0)
+                a3 = _pack(sX[xb + e + 2], sX[xb + e + 3]) if ok else np.uint32(0)
+                b0 = ((sW[wb + e] >> np.uint32(16)) | (sW[wb + e + 1] & np.uint32(0xFFFF0000))) if ok else np.uint32(0)
+                b1 = ((sW[wb + e + 2] >> np.uint32(16)) | (sW[wb + e + 3] & np.uint32(0xFFFF0000))) if ok else np.uint32(0)
+                d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+        syncwarp()  # stage st is read: the next iteration's copies may overwrite it
+    _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
 
 
 # ---- the GEMM (many rows): block tiles staged in shared memory as bf16 -------------------------
@@ -297,6 +312,27 @@ def _sstore(sA, sB, t, f):
         sB[r + 32 * j, c + 1] = (w[2] >> np.uint32(16)) | (w[3] & np.uint32(0xFFFF0000))
 
 
+@cuda.jit(device=True, inline=True)
+def _mma44(a, b, acc):
+    """One K step of a warp's 4 × 4 MMA tiles: A fragments a[4i ..] of row tile i, B fragments
+    b[2j ..] of column tile j, tile (i, j)'s accumulators acc[4(4i + j) ..] (its chain's c and d)."""
+    for i in range(4):
+        for j in range(4):
+            e = 4 * (4 * i + j)
+            acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
+                a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3], b[2 * j], b[2 * j + 1],
+                acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+
+
+@cuda.jit(device=True, inline=True)
+def _store44(outu, r, c, R, N, acc):
+    """The 4 × 4 tiles' outputs of this lane: tile (i, j) at row r + 16i, column c + 8j."""
+    for i in range(4):
+        for j in range(4):
+            e = 4 * (4 * i + j)
+            _store(outu, r + 16 * i, c + 8 * j, R, N, acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+
+
 @cuda.jit
 def linear_mma_gemm_k(Xu, Wu, outu, R):
     N, K = Wu.shape
@@ -336,19 +372,223 @@ def linear_mma_gemm_k(Xu, Wu, outu, R):
                     rb = wn + 8 * j + g
                     b[2 * j] = sB[rb, c]
                     b[2 * j + 1] = sB[rb, c + 4]
-                for i in range(4):
-                    for j in range(4):
-                        e = 4 * (4 * i + j)
-                        acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
-                            a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3], b[2 * j], b[2 * j + 1],
-                            acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+                _mma44(a, b, acc)
         cuda.syncthreads()
         k0 += GB_K
-    for i in range(4):
-        for j in range(4):
-            e = 4 * (4 * i + j)
-            _store(outu, m0 + wm + 16 * i + g, n0 + wn + 8 * j + 2 * q, R, N, acc[e], acc[e + 1], acc[e + 2],
-                   acc[e + 3])
+    _store44(outu, m0 + wm + g, n0 + wn + 2 * q, R, N, acc)
+
+
+# ---- bf16-resident weights (uint16: the default on CUDA) ----------------------------------------
+# W arrives as its bf16 bits, uint16 [N, K]; viewed as uint32 [N, K/2] each word is the pair (k,
+# k+1), lower k in the low half: exactly an MMA fragment register, so W is copied, never converted.
+# The block-tiled GEMM (W16_MIN_ROWS rows and more, K % 8 == 0) first packs X the same way
+# (:func:`mma_pack_x_k`, rounded to bf16 as every kernel here rounds it, into kernel-owned scratch),
+# then streams both through shared memory with cp.async: three stages of a 32-k tile (128 rows of X
+# and 128 of W, 16 words a row, 48 KB), the 16-byte chunks of a row placed at chunk c ^ ((row >> 1)
+# & 3) so that a fragment load (8 rows × 4 words) touches 32 banks; each of the 8 warps holds a
+# 64 × 32 sub-tile (4 × 4 MMA tiles), each output the chain of its K/16 steps in order from +0 with
+# the fragments in their natural k order: the bits of every kernel here. Chunks past K are zeros
+# (stored, not copied); rows past R or N are not copied (garbage there reaches only outputs that
+# are not stored: MMA rows and columns are independent).
+G16_M = 128
+G16_N = 128
+G16_STAGES = 3
+_G16_ROWS = G16_M + G16_N  # shared rows a stage: X then W
+_G16_WORDS = G16_STAGES * _G16_ROWS * 16  # 48 KB: the static limit
+W16_MIN_ROWS = 33  # from this many rows the packed-X GEMM; fewer: linear_mma_vd_k / linear_mma_vd8_k
+
+
+@cuda.jit
+def mma_pack_x_k(Xu, Xp, R):
+    """Xp[r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R (K % 8 == 0, rows aligned):
+    one thread per 4 k (one 16-byte load, two words stored)."""
+    K = Xu.shape[1]
+    kq = K >> 2
+    i = cuda.grid(1)
+    if i < R * kq:
+        r = i // kq
+        k = 4 * (i - r * kq)
+        x0, x1, x2, x3 = ldg4u(Xu, r * K + k, True)
+        Xp[r, k >> 1] = _pack(x0, x1)
+        Xp[r, (k >> 1) + 1] = _pack(x2, x3)
+
+
+@cuda.jit(device=True, inline=True)
+def _g16_issue(sm, Xp, Wp, st, kt, m0, n0, R, N, K2, t):
+    """Stage st ← the 32-k tile kt: this thread's 4 chunks (X rows t >> 2 and 64 + (t >> 2), W
+    the same rows, chunk t & 3); chunks past K are zeros, rows past R / N skipped."""
+    c = t & 3
+    kw = kt * 16 + 4 * c
+    for j in range(4):
+        row = (t >> 2) + 64 * j  # 0..127 X, 128..255 W
+        dst = (st * _G16_ROWS + row) * 16 + ((c ^ ((row >> 1) & 3)) << 2)
+        if kw < K2:
+            if j < 2:
+                if m0 + row < R:
+                    cp16(sm, dst, Xp, m0 + row, kw)
+            else:
+                if n0 + row - 128 < N:
+                    cp16(sm, dst, Wp, n0 + row - 128, kw)
+        else:
+            sm[dst] = np.uint32(0)
+            sm[dst + 1] = np.uint32(0)
+            sm[dst + 2] = np.uint32(0)
+            sm[dst + 3] = np.uint32(0)
+
+
+@cuda.jit
+def linear_mma_g16_k(Xp, Wp, outu, R):
+    """exact-bf16 linear of packed X [R, K/2] and bf16 W [N, K/2] (uint32 views): see above."""
+    N, K2 = Wp.shape
+    K = 2 * K2
+    t = cuda.threadIdx.x
+    lane = t & 31
+    g = lane >> 2
+    q = lane & 3
+    sw = (g >> 1) & 3  # the chunk swizzle of every row this lane reads (row ≡ g mod 8)
+    warp = t >> 5
+    wm = (warp >> 2) * 64
+    wn = 128 + (warp & 3) * 32
+    m0 = cuda.blockIdx.y * G16_M
+    n0 = cuda.blockIdx.x * G16_N
+    sm = cuda.shared.array(_G16_WORDS, np.uint32, alignment=16)
+    acc = cuda.local.array(64, np.uint32)
+    for e in range(64):
+        acc[e] = np.uint32(0)
+    a = cuda.local.array(16, np.uint32)
+    b = cuda.local.array(8, np.uint32)
+    nt = (K2 + 15) // 16
+    _g16_issue(sm, Xp, Wp, 0, 0, m0, n0, R, N, K2, t)
+    cp_commit()
+    if nt > 1:
+        _g16_issue(sm, Xp, Wp, 1, 1, m0, n0, R, N, K2, t)
+    cp_commit()
+    for kt in range(nt):
+        cp_wait1()  # every group but the newest: tile kt has landed (this thread's copies)
+        cuda.syncthreads()  # ... and every thread's; and stage (kt + 2) % 3 is no longer read
+        if kt + 2 < nt:
+            _g16_issue(sm, Xp, Wp, (kt + 2) % G16_STAGES, kt + 2, m0, n0, R, N, K2, t)
+        cp_commit()
+        base = (kt % G16_STAGES) * _G16_ROWS
+        for s in range(2):
+            if kt * 32 + 16 * s < K:  # uniform: a step past K is not issued
+                c0 = (((2 * s) ^ sw) << 2) + q
+                c1 = (((2 * s + 1) ^ sw) << 2) + q
+                for i in range(4):
+                    ra = (base + wm + 16 * i + g) * 16
+                    a[4 * i] = sm[ra + c0]
+                    a[4 * i + 1] = sm[ra + 128 + c0]
+                    a[4 * i + 2] = sm[ra + c1]
+                    a[4 * i + 3] = sm[ra + 128 + c1]
+                for j in range(4):
+                    rb = (base + wn + 8 * j + g) * 16
+                    b[2 * j] = sm[rb + c0]
+                    b[2 * j + 1] = sm[rb + c1]
+                _mma44(a, b, acc)
+    _store44(outu, m0 + wm + g, n0 + wn - 128 + 2 * q, R, N, acc)
+
+
+# The GEMV of bf16 W (what _linear_w16 runs below W16_MIN_ROWS rows, K % 8 == 0): X packed to
+# bf16 first (mma_pack_x_k), then per warp 8 W rows × 16 X rows streamed through shared memory in
+# V16_STAGES stages of V16_KT k (three stages in flight while one is multiplied: 12 KB of W per
+# warp, enough to stream at copy speed with only N / 8 warps on the GPU); a row's 16-byte chunk c
+# sits at chunk c ^ (row & 7), so a fragment load (8 rows × 4 words) touches 32 banks. Rows of X
+# past R are not copied (garbage reaches only rows that are not stored). Up to 8 rows the kernel
+# built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are +0), so
+# a block takes 32 KB of shared memory, not 48.
+V16_KT = 256  # k per stage
+V16_STAGES = 4
+_V16_RW = V16_KT // 2  # words per shared row
+
+
+def _vd_kernel(xrows):
+    rows = xrows + 8  # X rows then W rows, per stage
+    words = V16_STAGES * rows * _V16_RW
+
+    @cuda.jit(device=True, inline=True)
+    def issue(sm, Xp, Wp, st, kt, r0, o0, R, N, K2, lane):
+        """Stage st ← slice kt: this lane's chunk of X rows r0.. (those < R) and of the warp's 8 W
+        rows (those < N); chunks past K are not copied."""
+        kw = kt * _V16_RW + 4 * lane
+        if kw < K2:
+            for r in range(xrows):
+                if r0 + r < R:
+                    cp16(sm, (st * rows + r) * _V16_RW + 4 * (lane ^ (r & 7)), Xp, r0 + r, kw)
+            for r in range(8):
+                if o0 + r < N:
+                    cp16(sm, (st * rows + xrows + r) * _V16_RW + 4 * (lane ^ r), Wp, o0 + r, kw)
+
+    @cuda.jit
+    def linear_mma_vd_k(Xp, Wp, outu, R):
+        N, K2 = Wp.shape
+        K = 2 * K2
+        sm = cuda.shared.array(words, np.uint32, alignment=16)
+        lane, g, q, o0, r0 = _gv_place()
+        two = xrows == 16 and r0 + 8 < R  # uniform: rows g + 8 are read
+        d0 = np.uint32(0)
+        d1 = np.uint32(0)
+        d2 = np.uint32(0)
+        d3 = np.uint32(0)
+        nst = (K2 + _V16_RW - 1) // _V16_RW
+        for p in range(V16_STAGES - 1):
+            if p < nst:
+                issue(sm, Xp, Wp, p, p, r0, o0, R, N, K2, lane)
+            cp_commit()
+        for st in range(nst):
+            cp_wait2()  # every group but the newest two: slice st has landed
+            syncwarp()  # ... for every lane; and buffer (st - 1) % V16_STAGES is no longer read
+            if st + V16_STAGES - 1 < nst:
+                issue(sm, Xp, Wp, (st + V16_STAGES - 1) % V16_STAGES, st + V16_STAGES - 1, r0, o0, R, N, K2, lane)
+            cp_commit()
+            base = (st % V16_STAGES) * rows
+            xa = (base + g) * _V16_RW + q
+            xb = xa + 8 * _V16_RW
+            wb = (base + xrows + g) * _V16_RW + q
+            for j in range(V16_KT // 16):
+                k0 = st * V16_KT + 16 * j
+                if k0 < K:  # uniform
+                    hi = k0 + 8 < K  # uniform: the step's k 8..15 (K % 16 == 8: +0 in the last step)
+                    c0 = 4 * ((2 * j) ^ g)
+                    c1 = 4 * ((2 * j + 1) ^ g)
+                    a0 = sm[xa + c0]
+                    a2 = sm[xa + c1] if hi else np.uint32(0)
+                    a1 = np.uint32(0)
+                    a3 = np.uint32(0)
+                    if two:
+                        a1 = sm[xb + c0]
+                        if hi:
+                            a3 = sm[xb + c1]
+                    b0 = sm[wb + c0]
+                    b1 = sm[wb + c1] if hi else np.uint32(0)
+                    d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+        _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
+
+    return linear_mma_vd_k
+
+
+linear_mma_vd8_k = _vd_kernel(8)
+linear_mma_vd8_k.py_func.__name__ = "linear_mma_vd8_k"  # its name in launch counts and profiles
+linear_mma_vd_k = _vd_kernel(16)
+
+
+def _linear_w16(X, W, out, R):
+    """linear_mma_tc of bf16-resident W (uint16 [N, K])."""
+    N, K = W.shape
+    vec = K % 8 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
+    if vec and R >= W16_MIN_ROWS:
+        Xp = scratch("linear_mma.xp", R * (K // 2), np.uint32)[:R * (K // 2)].reshape(R, K // 2)
+        launch(mma_pack_x_k, (R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
+        launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, Xp,
+               W.view(np.uint32), out.view(np.uint32), R)
+    elif vec:
+        Xp = scratch("linear_mma.xp", R * (K // 2), np.uint32)[:R * (K // 2)].reshape(R, K // 2)
+        launch(mma_pack_x_k, (R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
+        launch(linear_mma_vd8_k if R <= 8 else linear_mma_vd_k, ((N + 7) // 8, (R + 15) // 16), 32, Xp,
+               W.view(np.uint32), out.view(np.uint32), R)
+    else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
+        tiles = ((R + 15) // 16) * ((N + 7) // 8)
+        wpb = 1 if tiles < TC_SPREAD_TILES else TC_WARPS
+        launch(linear_mma_tc_k, (tiles + wpb - 1) // wpb, 32 * wpb, X.view(np.uint32), W, out.view(np.uint32), R)
 
 
 TC_WARPS = 4  # warps (output tiles) per block
@@ -358,6 +598,9 @@ TC_SPREAD_TILES = 4096  # fewer output tiles than this: one warp per block, spre
 def linear_mma_tc(X, W, out, R):
     """exact-bf16 linear on the tensor cores (see the module docstring); the twin's signature. Rows
     of 16-byte-aligned length (K % 4 == 0, C-contiguous) take the vectorised kernel."""
+    if W.dtype == np.uint16:
+        _linear_w16(X, W, out, R)
+        return
     N, K = W.shape
     tiles = ((R + 15) // 16) * ((N + 7) // 8)
     vec = K % 4 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
@@ -365,8 +608,12 @@ def linear_mma_tc(X, W, out, R):
         launch(linear_mma_gemm_k, ((N + GB_N - 1) // GB_N, (R + GB_M - 1) // GB_M), 256, X.view(np.uint32),
                W.view(np.uint32), out.view(np.uint32), R)
         return
+    if vec and R <= GV_MAX_ROWS:
+        launch(linear_mma_gemv_k, ((N + 7) // 8, (R + 15) // 16), 32, X.view(np.uint32), W.view(np.uint32),
+               out.view(np.uint32), R)
+        return
     wpb = 1 if vec and tiles < TC_SPREAD_TILES else TC_WARPS
-    launch(linear_mma_tc4_k if vec else linear_mma_tc_k, (tiles + wpb - 1) // wpb, 32 * wpb, X.view(np.uint32),
+    launch(linear_mma_tc_k, (tiles + wpb - 1) // wpb, 32 * wpb, X.view(np.uint32),
            W.view(np.uint32), out.view(np.uint32), R)
 
 
@@ -382,7 +629,7 @@ def compile_ptx_sm90(kernel=None) -> str:
 # One warp per (16 query rows, head): the twin's tiles of ATT_TILE keys in order, each tile
 #   1. S = QKᵀ on the MMA: eight 16×8 output tiles (keys k0 + 8t + g as B's columns), each a chain of
 #      D/16 MMA steps from +0 (16-byte loads, the step's k permuted alike in A and B, as in
-#      linear_mma_tc4_k); then s = fmul(S, scale) into the warp's score tile in shared memory;
+#      linear_mma_gemv_k); then s = fmul(S, scale) into the warp's score tile in shared memory;
 #   2. per row (lanes 0–15, row = lane): the tile max mt over the row's n keys, in key order, the
 #      twin's loop;
 #   3. per element (every lane, its fragment): p = exp32(s − mt) for keys < n, +0 past them;
@@ -397,7 +644,6 @@ def compile_ptx_sm90(kernel=None) -> str:
 ATT_TC_WARPS = 4  # warps per block: four heads of the same 16 rows
 ATT_TC_MAX_D = 256  # the per-lane accumulators (4 per 8 columns) live in a local array of this / 2
 _SST = ATT_TILE + 4  # the score tile's row stride (floats)
-NEG_INF = np.float32(-np.inf)
 _ACC_N = ATT_TC_MAX_D // 2
 
 
@@ -438,336 +684,295 @@ def _vbad(u):
     return (_bf16(u) & np.uint32(0x7F80)) == np.uint32(0x7F80)
 
 
-@cuda.jit(device=True, inline=True)
-def _lmax(best, bi, v, j, n):
-    """The leftmost-max scan's step: score v of key j (keys ≥ n and NaN past key 0 are no
-    candidates; a NaN key 0 is settled by the caller)."""
-    if j < n and v == v and v > best:
-        return v, np.int32(j)
-    return best, bi
+# ---- the packed variant: Q, K, V rounded to bf16 once per call, in fragment order --------------
+# Rounding every float32 Q/K/V element to bf16 as it is read would repeat the work in every warp
+# that reads it (a KV head's K and V in each of its query heads' warps). Here three small kernels
+# first write them as packed bf16 pairs (the same _bf16: nearest even, NaN quieted with its sign)
+# laid out in the order a lane's fragments take them, then attention_mma_pk_k runs the twin's
+# tiles, chains, row passes and merges with 16-byte loads and no conversion:
+# - Q and K rows (att_pack_rows_k): per head, head_dim zero-padded to a multiple of 32, each 32-k
+#   block's 16 words ordered (q, step σ, i): word 4q + 2σ + i holds k = 32b + 16σ + 4q + 2i and
+#   the k after it, so one 16-byte load gives lane q its four k (4q … 4q+3: a step's k permuted alike in A
+#   and B, which the rule allows) of two consecutive MMA steps. Rows past R (and keys past the packed
+#   context) are zeros.
+# - V (att_pack_v_k): per KV head, 64-key tile and n-tile of 8 columns, two halves (key steps 0-1,
+#   2-3) of 32 lanes × 4 words: lane (g, q)'s B words (b0, b1) of its steps, keys 16s + 2q (+1) and
+#   16s + 8 + 2q (+1) of column 8u + g. Keys past the packed context are zeros.
+# The output column of n-tile u is 8u + n (not _att_col's grouping). Keys the diagonal tile's last
+# row does not read are masked to +0 in the B words (+0 products: no term); the non-finite-V
+# fallback reads the float32 V.
+PK_BLOCK = 256  # threads per block of the packing kernels
+PK_KT = 4  # K rows (n-tiles of QKᵀ) loaded together in attention_mma_pk_k
+PK_MAX_REGS = 128  # 4 blocks an SM (136 unbounded; 20 bytes spill at 128)
+PK_GROUP = 2  # n-tiles of V per group in attention_mma_pk_k's P·V (their loads issued together)
+
+
+@cuda.jit
+def att_pack_rows_k(Xu, out, rows, H, D, DW):
+    """out[(r·H + h)·DW + p] for every row r < out.size / (H·DW): Xu's row r, head h, packed."""
+    i = cuda.grid(1)
+    if i >= out.shape[0]:
+        return
+    p = i % DW
+    rh = i // DW
+    hh = rh % H
+    r = rh // H
+    pos = p & 15
+    k = 32 * (p >> 4) + 16 * ((pos >> 1) & 1) + 4 * (pos >> 2) + 2 * (pos & 1)
+    lo = np.uint32(0)
+    hi = np.uint32(0)
+    if r < rows:
+        if k < D:
+            lo = _bf16(Xu[r, hh * D + k])
+        if k + 1 < D:
+            hi = _bf16(Xu[r, hh * D + k + 1])
+    out[i] = lo | (hi << np.uint32(16))
+
+
+@cuda.jit
+def att_pack_v_k(Vu, out, keys, D, NU, NT):
+    """out[((kvh·NT + T)·NU + u)·256 + half·128 + lane·4 + j]: V's B words (see above)."""
+    i = cuda.grid(1)
+    if i >= out.shape[0]:
+        return
+    j = i & 3
+    lane = (i >> 2) & 31
+    hf = (i >> 7) & 1
+    rest = i >> 8
+    u = rest % NU
+    rest = rest // NU
+    T = rest % NT
+    kvh = rest // NT
+    key = 64 * T + 16 * (2 * hf + (j >> 1)) + 8 * (j & 1) + 2 * (lane & 3)
+    col = 8 * u + (lane >> 2)
+    lo = np.uint32(0)
+    hi = np.uint32(0)
+    if col < D:
+        if key < keys:
+            lo = _bf16(Vu[key, kvh * D + col])
+        if key + 1 < keys:
+            hi = _bf16(Vu[key + 1, kvh * D + col])
+    out[i] = lo | (hi << np.uint32(16))
 
 
 @cuda.jit(device=True, inline=True)
-def _lmax_xor(best, bi, m):
-    """Leftmost max of this lane's and lane ^ m's candidates (equal values: the lower key; the
-    same answer in both lanes)."""
-    ob = cuda.shfl_xor_sync(0xFFFFFFFF, best, m)
-    oi = cuda.shfl_xor_sync(0xFFFFFFFF, bi, m)
-    if ob > best or (ob == best and oi < bi):
-        return ob, oi
-    return best, bi
+def _kmask(w, key, klim):
+    """B word w of keys key, key + 1 with the keys ≥ klim set to +0."""
+    if key >= klim:
+        return np.uint32(0)
+    if key + 1 >= klim:
+        return w & np.uint32(0xFFFF)
+    return w
 
 
-def _attention_tc_kernel(prefetch, regpass, vhoist):
-    """``attention_mma_tc_k`` with its three schedule choices (each the same arithmetic; the
-    variants exist so that ``tools/probe_att_tc.py`` can time them against each other):
-    ``prefetch``: each QKᵀ step's Q/K loads issued one step ahead; ``regpass``: the tile max from
-    the QKᵀ fragments in registers (a leftmost-max scan per lane, two shuffles: the twin's scan,
-    see below) and Σp over the full tile (+0 past a row's keys adds nothing to a sum that is never
-    −0); ``vhoist``: a column group's four key steps of V loaded before its MMAs."""
-
-    @cuda.jit
-    def kern(Qu, Ku, Vu, out, start, pb, R, hq, hkv, D, scale, Pg, Pgu):
-        w = cuda.threadIdx.x >> 5
-        lane = cuda.threadIdx.x & 31
-        g = lane >> 2
-        q = lane & 3
-        h = cuda.blockIdx.y * ATT_TC_WARPS + w
-        sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
-        sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
-        if h >= hq:  # uniform over the warp; the block has no block-wide barrier
-            return
-        r0 = cuda.blockIdx.x * 16
-        kvh = h // (hq // hkv)
-        qo = h * D
-        ko = kvh * D
-        QS = hq * D
-        KS = hkv * D
-        cap = Ku.shape[0]
-        base = start + pb[0]
-        rlast = min(r0 + 15, R - 1)
-        ntile = (base + rlast) // ATT_TILE + 1
-        ngrp = (D + 31) >> 5  # groups of 32 output columns: 4 n-tiles (see _att_col)
-        rg = r0 + g
-        rg8 = rg + 8
-        kq = 4 * q
-        S = cuda.local.array(32, np.uint32)
-        P = cuda.local.array(16, np.uint32)
-        acc = cuda.local.array(_ACC_N, np.float32)
-        C4 = cuda.local.array(16, np.uint32)
-        Kr = cuda.local.array(32, np.uint32)
-        Kn = cuda.local.array(32, np.uint32)
-        Vb = cuda.local.array(32, np.uint32)
-        m = ZERO
-        l = ZERO
-        wid = cuda.blockIdx.x * cuda.gridDim.y * ATT_TC_WARPS + cuda.blockIdx.y * ATT_TC_WARPS + w
-        for tix in range(ntile):
-            k0 = tix * ATT_TILE
-            n0 = _row_n(base, r0, g, R, k0)
-            n8 = _row_n(base, r0, g + 8, R, k0)
-            # 1. S = QKᵀ, eight 16×8 tiles, D/16 chained steps each
-            for e in range(32):
-                S[e] = np.uint32(0)
-            if prefetch:
-                qa = ldg4u(Qu, rg * QS + qo + kq, (rg < R) & (kq < D))
-                qb = ldg4u(Qu, rg8 * QS + qo + kq, (rg8 < R) & (kq < D))
-                for t in range(8):
-                    key = k0 + 8 * t + g
-                    Kr[4 * t], Kr[4 * t + 1], Kr[4 * t + 2], Kr[4 * t + 3] = ldg4u(
-                        Ku, key * KS + ko + kq, (key < cap) & (kq < D))
-                for ks in range(0, D, 16):
-                    kn = ks + 16 + kq
-                    qa2 = ldg4u(Qu, rg * QS + qo + kn, (rg < R) & (kn < D))
-                    qb2 = ldg4u(Qu, rg8 * QS + qo + kn, (rg8 < R) & (kn < D))
-                    for t in range(8):
-                        key = k0 + 8 * t + g
-                        Kn[4 * t], Kn[4 * t + 1], Kn[4 * t + 2], Kn[4 * t + 3] = ldg4u(
-                            Ku, key * KS + ko + kn, (key < cap) & (kn < D))
-                    a0 = _pack(qa[0], qa[1])
-                    a1 = _pack(qb[0], qb[1])
-                    a2 = _pack(qa[2], qa[3])
-                    a3 = _pack(qb[2], qb[3])
-                    for t in range(8):
+@cuda.jit(max_registers=PK_MAX_REGS)
+def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg, Pgu, DW, NU, NT):
+    w = cuda.threadIdx.x >> 5
+    lane = cuda.threadIdx.x & 31
+    g = lane >> 2
+    q = lane & 3
+    h = cuda.blockIdx.y * ATT_TC_WARPS + w
+    sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
+    sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
+    if h >= hq:  # uniform over the warp; the block has no block-wide barrier
+        return
+    r0 = cuda.blockIdx.x * 16
+    kvh = h // (hq // hkv)
+    base = start + pb[0]
+    rlast = min(r0 + 15, R - 1)
+    ntile = (base + rlast) // ATT_TILE + 1
+    nst = (D + 15) >> 4  # MMA steps over head_dim
+    rg = r0 + g
+    qrow0 = (rg * hq + h) * DW + 4 * q
+    qrow8 = ((rg + 8) * hq + h) * DW + 4 * q
+    S = cuda.local.array(32, np.uint32)
+    Kr = cuda.local.array(32, np.uint32)
+    P = cuda.local.array(16, np.uint32)
+    acc = cuda.local.array(_ACC_N, np.float32)
+    C4 = cuda.local.array(16, np.uint32)
+    Vb = cuda.local.array(32, np.uint32)
+    m = ZERO
+    l = ZERO
+    wid = cuda.blockIdx.x * cuda.gridDim.y * ATT_TC_WARPS + cuda.blockIdx.y * ATT_TC_WARPS + w
+    for tix in range(ntile):
+        k0 = tix * ATT_TILE
+        n0 = _row_n(base, r0, g, R, k0)
+        n8 = _row_n(base, r0, g + 8, R, k0)
+        # 1. S = QKᵀ: two MMA steps per 16-byte load of Q's and K's packed rows
+        for e in range(32):
+            S[e] = np.uint32(0)
+        for st in range(0, nst, 2):
+            wo = 8 * st
+            qa = ldg4u(Qp, qrow0 + wo, True)
+            qb = ldg4u(Qp, qrow8 + wo, True)
+            for th in range(0, 8, PK_KT):  # PK_KT n-tiles' K loads in flight at a time
+                for tt in range(PK_KT):
+                    Kr[4 * tt], Kr[4 * tt + 1], Kr[4 * tt + 2], Kr[4 * tt + 3] = ldg4u(
+                        Kp, ((k0 + 8 * (th + tt) + g) * hkv + kvh) * DW + wo + 4 * q, True)
+                for tt in range(PK_KT):
+                    t = th + tt
+                    S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
+                        qa[0], qb[0], qa[1], qb[1], Kr[4 * tt], Kr[4 * tt + 1], S[4 * t], S[4 * t + 1],
+                        S[4 * t + 2], S[4 * t + 3])
+                if st + 1 < nst:  # uniform; a step past head_dim is not issued
+                    for tt in range(PK_KT):
+                        t = th + tt
                         S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
-                            a0, a1, a2, a3, _pack(Kr[4 * t], Kr[4 * t + 1]), _pack(Kr[4 * t + 2], Kr[4 * t + 3]),
-                            S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3])
-                    qa = qa2
-                    qb = qb2
-                    for e in range(32):
-                        Kr[e] = Kn[e]
-            else:
-                for ks in range(0, D, 16):
-                    kk = ks + kq
-                    x0, x1, x2, x3 = ldg4u(Qu, rg * QS + qo + kk, (rg < R) & (kk < D))
-                    y0, y1, y2, y3 = ldg4u(Qu, rg8 * QS + qo + kk, (rg8 < R) & (kk < D))
-                    a0 = _pack(x0, x1)
-                    a1 = _pack(y0, y1)
-                    a2 = _pack(x2, x3)
-                    a3 = _pack(y2, y3)
-                    for t in range(8):
-                        key = k0 + 8 * t + g
-                        w0, w1, w2, w3 = ldg4u(Ku, key * KS + ko + kk, (key < cap) & (kk < D))
-                        S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
-                            a0, a1, a2, a3, _pack(w0, w1), _pack(w2, w3), S[4 * t], S[4 * t + 1], S[4 * t + 2],
-                            S[4 * t + 3])
-            ni = _row_n(base, r0, lane, R, k0)
-            if regpass:
-                # 2. the tile max of rows g, g + 8: this lane's keys (8t + 2q, 8t + 2q + 1: ascending),
-                #    then the row's four lanes; = the twin's scan (first score, then strictly
-                #    greater ones: the leftmost max of the non-NaN scores, or a NaN first score)
-                b0 = NEG_INF
-                i0 = np.int32(ATT_TILE)
-                b8 = NEG_INF
-                i8 = np.int32(ATT_TILE)
-                for t in range(8):
-                    j = 8 * t + 2 * q
-                    b0, i0 = _lmax(b0, i0, fmul(_u2f(S[4 * t]), scale), j, n0)
-                    b0, i0 = _lmax(b0, i0, fmul(_u2f(S[4 * t + 1]), scale), j + 1, n0)
-                    b8, i8 = _lmax(b8, i8, fmul(_u2f(S[4 * t + 2]), scale), j, n8)
-                    b8, i8 = _lmax(b8, i8, fmul(_u2f(S[4 * t + 3]), scale), j + 1, n8)
-                b0, i0 = _lmax_xor(b0, i0, 1)
-                b8, i8 = _lmax_xor(b8, i8, 1)
-                b0, i0 = _lmax_xor(b0, i0, 2)
-                b8, i8 = _lmax_xor(b8, i8, 2)
-                f0 = cuda.shfl_sync(0xFFFFFFFF, fmul(_u2f(S[0]), scale), lane & 28)
-                f8 = cuda.shfl_sync(0xFFFFFFFF, fmul(_u2f(S[2]), scale), lane & 28)
-                m0 = f0 if f0 != f0 else b0
-                m8 = f8 if f8 != f8 else b8
-                if q == 0:
-                    sT[w, 0, g] = m0
-                    sT[w, 0, g + 8] = m8
-            else:
-                for t in range(8):
-                    j = 8 * t + 2 * q
-                    sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
-                    sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
-                    sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
-                    sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
-                syncwarp()
-                # 2. the row's tile max, in key order
-                if lane < 16 and ni > 0:
-                    mt = sS[w, lane, 0]
-                    for j in range(1, ni):
-                        if sS[w, lane, j] > mt:
-                            mt = sS[w, lane, j]
-                    sT[w, 0, lane] = mt
-                syncwarp()
-                m0 = sT[w, 0, g]
-                m8 = sT[w, 0, g + 8]
-            # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
-            for t in range(8):
-                j = 8 * t + 2 * q
-                if regpass:
-                    s00 = fmul(_u2f(S[4 * t]), scale)
-                    s01 = fmul(_u2f(S[4 * t + 1]), scale)
-                    s80 = fmul(_u2f(S[4 * t + 2]), scale)
-                    s81 = fmul(_u2f(S[4 * t + 3]), scale)
-                else:
-                    s00 = sS[w, g, j]
-                    s01 = sS[w, g, j + 1]
-                    s80 = sS[w, g + 8, j]
-                    s81 = sS[w, g + 8, j + 1]
-                p00 = exp32(s00 - m0) if j < n0 else ZERO
-                p01 = exp32(s01 - m0) if j + 1 < n0 else ZERO
-                p80 = exp32(s80 - m8) if j < n8 else ZERO
-                p81 = exp32(s81 - m8) if j + 1 < n8 else ZERO
-                sS[w, g, j] = p00
-                sS[w, g, j + 1] = p01
-                sS[w, g + 8, j] = p80
-                sS[w, g + 8, j + 1] = p81
-                # n-tile t = 2s + (t & 1): a0/a1 (keys 2q, 2q+1 of step s) from even t, a2/a3 from odd t
-                P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
-                P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
-            syncwarp()
-            # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
-            if lane < 16 and ni > 0:
-                lt = ZERO
-                if regpass:
-                    for jb in range(0, ATT_TILE, 8):
-                        x0 = sS[w, lane, jb]
-                        x1 = sS[w, lane, jb + 1]
-                        x2 = sS[w, lane, jb + 2]
-                        x3 = sS[w, lane, jb + 3]
-                        x4 = sS[w, lane, jb + 4]
-                        x5 = sS[w, lane, jb + 5]
-                        x6 = sS[w, lane, jb + 6]
-                        x7 = sS[w, lane, jb + 7]
-                        lt = lt + x0
-                        lt = lt + x1
-                        lt = lt + x2
-                        lt = lt + x3
-                        lt = lt + x4
-                        lt = lt + x5
-                        lt = lt + x6
-                        lt = lt + x7
-                else:
-                    for j in range(ni):
-                        lt = lt + sS[w, lane, j]
-                m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
-                sT[w, 1, lane] = alpha
-                sT[w, 2, lane] = beta
-            syncwarp()
-            al0 = sT[w, 1, g]
-            be0 = sT[w, 2, g]
-            al8 = sT[w, 1, g + 8]
-            be8 = sT[w, 2, g + 8]
-            # keys read by some of this warp's rows but not by all: V there must round to finite
-            nlo = max(_row_n(base, r0, 0, R, k0), 1)
-            nhi = _row_n(base, r0, rlast - r0, R, k0)
-            bad = False
-            for x in range(lane, (nhi - nlo) * D, 32):
-                kx = x // D
-                bad |= _vbad(Vu[k0 + nlo + kx, ko + x - kx * D])
-            if cuda.any_sync(0xFFFFFFFF, bad):
-                # the twin's dot for this tile: each lane its own fragment's outputs
-                for x in range(lane, 16 * ATT_TILE, 32):
-                    Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
-                syncwarp()
-                for u in range(4 * ngrp):
-                    for e in range(4):
-                        rr = g + 8 * (e >> 1)
-                        cc = _att_col(u, 2 * q + (e & 1))
-                        nr = _row_n(base, r0, rr, R, k0)
-                        if nr > 0 and cc < D:
-                            pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, ko + cc, 1, 0, nr))
-                            acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
-                                                         be0 if e < 2 else be8)
-                syncwarp()
-            else:
-                nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
-                klim = k0 + nhi
-                for grp in range(ngrp):
-                    vo = ko + 32 * grp + 4 * g  # this lane's 4 columns: B column g of the group's 4 n-tiles
-                    cok = 32 * grp + 4 * g < D
-                    for e in range(16):
-                        C4[e] = np.uint32(0)
-                    if vhoist:
-                        for s in range(4):
-                            kb = k0 + 16 * s + 2 * q
-                            v0 = ldg4u(Vu, kb * KS + vo, cok & (kb < klim))
-                            v1 = ldg4u(Vu, (kb + 1) * KS + vo, cok & (kb + 1 < klim))
-                            v8 = ldg4u(Vu, (kb + 8) * KS + vo, cok & (kb + 8 < klim))
-                            v9 = ldg4u(Vu, (kb + 9) * KS + vo, cok & (kb + 9 < klim))
-                            for j in range(4):
-                                Vb[8 * s + 2 * j] = _pack(v0[j], v1[j])
-                                Vb[8 * s + 2 * j + 1] = _pack(v8[j], v9[j])
-                        for s in range(4):
-                            if s < nsteps:  # uniform
-                                for j in range(4):
-                                    C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3] = mma_bf16(
-                                        P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], Vb[8 * s + 2 * j],
-                                        Vb[8 * s + 2 * j + 1], C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3])
-                    else:
-                        for s in range(4):
-                            if s < nsteps:  # uniform
-                                kb = k0 + 16 * s + 2 * q
-                                v0 = ldg4u(Vu, kb * KS + vo, cok & (kb < klim))
-                                v1 = ldg4u(Vu, (kb + 1) * KS + vo, cok & (kb + 1 < klim))
-                                v8 = ldg4u(Vu, (kb + 8) * KS + vo, cok & (kb + 8 < klim))
-                                v9 = ldg4u(Vu, (kb + 9) * KS + vo, cok & (kb + 9 < klim))
-                                for j in range(4):
-                                    C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3] = mma_bf16(
-                                        P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], _pack(v0[j], v1[j]),
-                                        _pack(v8[j], v9[j]), C4[4 * j], C4[4 * j + 1], C4[4 * j + 2], C4[4 * j + 3])
-                    for j in range(4):
-                        u = 4 * (4 * grp + j)
-                        if n0 > 0:
-                            acc[u] = merge_value(tix, acc[u], al0, _u2f(C4[4 * j]), be0)
-                            acc[u + 1] = merge_value(tix, acc[u + 1], al0, _u2f(C4[4 * j + 1]), be0)
-                        if n8 > 0:
-                            acc[u + 2] = merge_value(tix, acc[u + 2], al8, _u2f(C4[4 * j + 2]), be8)
-                            acc[u + 3] = merge_value(tix, acc[u + 3], al8, _u2f(C4[4 * j + 3]), be8)
-        if lane < 16:
-            sT[w, 3, lane] = l
+                            qa[2], qb[2], qa[3], qb[3], Kr[4 * tt + 2], Kr[4 * tt + 3], S[4 * t], S[4 * t + 1],
+                            S[4 * t + 2], S[4 * t + 3])
+        for t in range(8):
+            j = 8 * t + 2 * q
+            sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
+            sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
+            sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
+            sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
         syncwarp()
-        l0 = sT[w, 3, g]
-        l8 = sT[w, 3, g + 8]
-        for u in range(4 * ngrp):
-            for e in range(4):
-                rr = rg + 8 * (e >> 1)
-                cc = _att_col(u, 2 * q + (e & 1))
-                if rr < R and cc < D:
-                    out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
+        # 2. the row's tile max, in key order
+        ni = _row_n(base, r0, lane, R, k0)
+        if lane < 16 and ni > 0:
+            mt = sS[w, lane, 0]
+            for j in range(1, ni):
+                if sS[w, lane, j] > mt:
+                    mt = sS[w, lane, j]
+            sT[w, 0, lane] = mt
+        syncwarp()
+        # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
+        m0 = sT[w, 0, g]
+        m8 = sT[w, 0, g + 8]
+        for t in range(8):
+            j = 8 * t + 2 * q
+            p00 = exp32(sS[w, g, j] - m0) if j < n0 else ZERO
+            p01 = exp32(sS[w, g, j + 1] - m0) if j + 1 < n0 else ZERO
+            p80 = exp32(sS[w, g + 8, j] - m8) if j < n8 else ZERO
+            p81 = exp32(sS[w, g + 8, j + 1] - m8) if j + 1 < n8 else ZERO
+            sS[w, g, j] = p00
+            sS[w, g, j + 1] = p01
+            sS[w, g + 8, j] = p80
+            sS[w, g + 8, j + 1] = p81
+            P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
+            P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
+        syncwarp()
+        # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
+        if lane < 16 and ni > 0:
+            lt = ZERO
+            for j in range(ni):
+                lt = lt + sS[w, lane, j]
+            m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
+            sT[w, 1, lane] = alpha
+            sT[w, 2, lane] = beta
+        syncwarp()
+        al0 = sT[w, 1, g]
+        be0 = sT[w, 2, g]
+        al8 = sT[w, 1, g + 8]
+        be8 = sT[w, 2, g + 8]
+        # keys read by some of this warp's rows but not by all: V there must round to finite
+        nlo = max(_row_n(base, r0, 0, R, k0), 1)
+        nhi = _row_n(base, r0, rlast - r0, R, k0)
+        bad = False
+        for x in range(lane, (nhi - nlo) * D, 32):
+            kx = x // D
+            bad |= _vbad(Vu[k0 + nlo + kx, kvh * D + x - kx * D])
+        if cuda.any_sync(0xFFFFFFFF, bad):
+            for x in range(lane, 16 * ATT_TILE, 32):
+                Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
+            syncwarp()
+            for u in range(NU):
+                for e in range(4):
+                    rr = g + 8 * (e >> 1)
+                    cc = 8 * u + 2 * q + (e & 1)
+                    nr = _row_n(base, r0, rr, R, k0)
+                    if nr > 0 and cc < D:
+                        pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, kvh * D + cc, 1, 0, nr))
+                        acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
+                                                     be0 if e < 2 else be8)
+            syncwarp()
+        else:
+            nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
+            klim = k0 + nhi
+            vt = (kvh * NT + tix) * NU * 256 + 4 * lane
+            for u0 in range(0, NU, PK_GROUP):
+                for jj in range(PK_GROUP):
+                    if u0 + jj < NU:  # uniform
+                        o = vt + (u0 + jj) * 256
+                        Vb[8 * jj], Vb[8 * jj + 1], Vb[8 * jj + 2], Vb[8 * jj + 3] = ldg4u(Vp, o, True)
+                        Vb[8 * jj + 4], Vb[8 * jj + 5], Vb[8 * jj + 6], Vb[8 * jj + 7] = ldg4u(Vp, o + 128, True)
+                if klim < k0 + ATT_TILE:  # uniform: the diagonal tile
+                    for jj in range(PK_GROUP):
+                        for e in range(8):
+                            Vb[8 * jj + e] = _kmask(Vb[8 * jj + e], k0 + 16 * (e >> 1) + 8 * (e & 1) + 2 * q, klim)
+                for e in range(4 * PK_GROUP):
+                    C4[e] = np.uint32(0)
+                for s in range(4):
+                    if s < nsteps:  # uniform
+                        for jj in range(PK_GROUP):
+                            if u0 + jj < NU:  # uniform
+                                C4[4 * jj], C4[4 * jj + 1], C4[4 * jj + 2], C4[4 * jj + 3] = mma_bf16(
+                                    P[4 * s], P[4 * s + 1], P[4 * s + 2], P[4 * s + 3], Vb[8 * jj + 2 * s],
+                                    Vb[8 * jj + 2 * s + 1], C4[4 * jj], C4[4 * jj + 1], C4[4 * jj + 2],
+                                    C4[4 * jj + 3])
+                for jj in range(PK_GROUP):
+                    if u0 + jj < NU:
+                        ua = 4 * (u0 + jj)
+                        if n0 > 0:
+                            acc[ua] = merge_value(tix, acc[ua], al0, _u2f(C4[4 * jj]), be0)
+                            acc[ua + 1] = merge_value(tix, acc[ua + 1], al0, _u2f(C4[4 * jj + 1]), be0)
+                        if n8 > 0:
+                            acc[ua + 2] = merge_value(tix, acc[ua + 2], al8, _u2f(C4[4 * jj + 2]), be8)
+                            acc[ua + 3] = merge_value(tix, acc[ua + 3], al8, _u2f(C4[4 * jj + 3]), be8)
+    if lane < 16:
+        sT[w, 3, lane] = l
+    syncwarp()
+    l0 = sT[w, 3, g]
+    l8 = sT[w, 3, g + 8]
+    qo = h * D
+    for u in range(NU):
+        for e in range(4):
+            rr = rg + 8 * (e >> 1)
+            cc = 8 * u + 2 * q + (e & 1)
+            if rr < R and cc < D:
+                out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
 
-    return kern
 
-
-ATT_TC_VARIANTS = {(a, b, c): None for a in (False, True) for b in (False, True) for c in (False, True)}
-ATT_TC_SCHEDULE = (False, False, False)  # (prefetch, regpass, vhoist) of attention_mma_tc_k: tools/probe_att_tc.py
-
-
-def attention_tc_variant(schedule):
-    """The tensor-core attention kernel with the schedule (prefetch, regpass, vhoist), compiled on
-    first launch and kept."""
-    k = ATT_TC_VARIANTS.get(tuple(schedule))
-    if k is None:
-        k = ATT_TC_VARIANTS[tuple(schedule)] = _attention_tc_kernel(*schedule)
-    return k
-
-
-attention_mma_tc_k = attention_tc_variant(ATT_TC_SCHEDULE)
-
-
-def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None, schedule=None):
-    """exact-bf16 attention of R rows on the tensor cores (:func:`attention_mma_tc_k`); the twin's
-    signature, ``pos`` as in ``attention_mma_split``. Returns False (did nothing) where it does
-    not apply: head_dim past ``ATT_TC_MAX_D`` or not a multiple of 4 (16-byte rows), or operands
-    not C-contiguous and 16-byte aligned. Kernel-owned scratch: 4 KB per (16 rows, head), where
-    a warp's emulated tile (the rare non-finite V case) reads P. ``schedule``: a kernel variant of
-    :func:`attention_tc_variant` (default ``ATT_TC_SCHEDULE``; for ``tools/probe_att_tc.py``)."""
+def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """The packed variant of :func:`attention_mma_tc` (same conditions, same bits): pack, then
+    :func:`attention_mma_pk_k`. Packs the keys up to start + R (the whole cache with ``pos``:
+    the position is on the device). Kernel-owned scratch: the packed Q, K and V (2 bytes an
+    element, head_dim padded to 32) besides attention_mma_tc's."""
     if D > ATT_TC_MAX_D or D % 4 or not all(a.is_c_contiguous() and aligned(a) for a in (Q, kc, vc)):
         return False
     if R <= 0:
         return True
     _bind()
+    cap = kc.shape[0]
+    keys = cap if pos is not None else min(cap, start + R)
+    NT = (keys + ATT_TILE - 1) // ATT_TILE
+    DW = 16 * ((D + 31) // 32)
+    NU = (D + 7) // 8
     nb, hb = (R + 15) // 16, (hq + ATT_TC_WARPS - 1) // ATT_TC_WARPS
+    nq, nk, nv = 16 * nb * hq * DW, NT * ATT_TILE * hkv * DW, hkv * NT * NU * 256
+    Qp = scratch("attention_mma.pk_q", nq, np.uint32)[:nq]
+    Kp = scratch("attention_mma.pk_k", nk, np.uint32)[:nk]
+    Vp = scratch("attention_mma.pk_v", nv, np.uint32)[:nv]
+    Qu, Ku, Vu = Q.view(np.uint32), kc.view(np.uint32), vc.view(np.uint32)
+    launch(att_pack_rows_k, ((nq + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Qu, Qp, np.int64(R), np.int64(hq),
+           np.int64(D), np.int64(DW))
+    launch(att_pack_rows_k, ((nk + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Ku, Kp, np.int64(keys), np.int64(hkv),
+           np.int64(D), np.int64(DW))
+    launch(att_pack_v_k, ((nv + PK_BLOCK - 1) // PK_BLOCK,), PK_BLOCK, Vu, Vp, np.int64(keys), np.int64(D),
+           np.int64(NU), np.int64(NT))
     n = nb * hb * ATT_TC_WARPS
     Pg = scratch("attention_mma.tc_p", n * 16 * ATT_TILE)[:n * 16 * ATT_TILE].reshape(n, 16, ATT_TILE)
-    kern = attention_mma_tc_k if schedule is None else attention_tc_variant(schedule)
-    launch(kern, (nb, hb), 32 * ATT_TC_WARPS, Q.view(np.uint32), kc.view(np.uint32),
-           vc.view(np.uint32), out, np.int64(start), zero_pos() if pos is None else pos, np.int64(R), np.int64(hq),
-           np.int64(hkv), np.int64(D), np.float32(scale), Pg, Pg.view(np.uint32))
+    launch(attention_mma_pk_k, (nb, hb), 32 * ATT_TC_WARPS, Qp, Kp, Vp, Vu, out, np.int64(start),
+           zero_pos() if pos is None else pos, np.int64(R), np.int64(hq), np.int64(hkv), np.int64(D),
+           np.float32(scale), Pg, Pg.view(np.uint32), np.int64(DW), np.int64(NU), np.int64(NT))
     return True
+
+
+def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """exact-bf16 attention of R rows on the tensor cores (:func:`attention_mma_pk`); the twin's
+    signature, ``pos`` as in ``attention_mma_split``. Returns False (did nothing) where it does
+    not apply."""
+    return attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos)
 
 
 def attention_mma_gpu(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):

@@ -31,7 +31,7 @@ plus the memory primitives of :mod:`numba_kernels.intrin`.
 argument fixed (the scalar maps share one twin and one kernel).
 
 The names a source uses that each target binds differently -- ``fma``, ``fmul``, ``sqrt32``,
-``bits_to_f32``, ``widen``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
+``bits_to_f32``, ``widen``, ``wbits``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
 ``block_size``, ``zero_pos``, ``scratch``, ``zero_buffer``, ``generated``, ``aligned`` -- are imported from here, where they only stand for the target's.
 :func:`build` clones every tagged function into one namespace per target (``types.FunctionType``
 on the same code object) holding that target's primitives, every family's UPPER_CASE constants
@@ -109,9 +109,9 @@ class _Unbound:
         return f"<unbound {self.name}>"
 
 
-TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "barrier", "syncwarp", "prange", "cuda", "launch",
+TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "wbits", "barrier", "syncwarp", "prange", "cuda", "launch",
                 "grid1", "block_size", "zero_pos", "scratch", "zero_buffer", "generated", "aligned")
-(fma, fmul, sqrt32, bits_to_f32, widen, barrier, syncwarp, prange, cuda, launch, grid1, block_size, zero_pos, scratch,
+(fma, fmul, sqrt32, bits_to_f32, widen, wbits, barrier, syncwarp, prange, cuda, launch, grid1, block_size, zero_pos, scratch,
  zero_buffer, generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
 
 

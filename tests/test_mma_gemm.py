@@ -8,7 +8,9 @@ Bitwise claims, each against an independent computation:
   rule's own emulation), rows padded to 16 and K to a multiple of 16, for shapes that are not
   multiples of 16 or 8, with ±∞/NaN/subnormal inputs;
 - ``attention_mma`` equals the same tile chains written out in numpy around ``mma.mma_check``;
-- a decode row equals the same row of a prime (the op, and the engine end to end).
+- a decode row equals the same row of a prime (the op, and the engine end to end);
+- weights resident as bf16 bits (uint16, the default on CUDA) give the bits of the float32
+  arrays of the same values, in every MMA op and in the engine.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import numpy as np
 import pytest
 
+from harness.engine.bf16 import narrow, resolve_for_mode
 from harness.engine.model import Engine
 from harness.engine.modes import round_bf16
 from harness.engine.weights import load_checkpoint
@@ -87,6 +90,41 @@ def test_linear_mma_equals_tile_chain(R, N, K):
         one = np.empty((1, N), np.float32)
         cpu.linear_mma(np.ascontiguousarray(X[r:r + 1]), W, one, 1)
         np.testing.assert_array_equal(bits(one[0]), bits(out[r]))
+
+
+@pytest.mark.parametrize("R,N,K", [(1, 7, 40), (19, 9, 7), (33, 24, 104)])
+def test_bf16_resident_weights_give_the_same_bits(R, N, K):
+    rng = np.random.default_rng(R + N + K)
+    X = spiky(rng, (R, K), specials=R > 4)
+    W = round_bf16(spiky(rng, (N, K), specials=True))
+    a, b = np.empty((R, N), np.float32), np.empty((R, N), np.float32)
+    cpu.linear_mma(X, W, a, R)
+    cpu.linear_mma(X, narrow(W), b, R)
+    np.testing.assert_array_equal(bits(a), bits(b))
+    np.testing.assert_array_equal(bits(a), bits(tile_chain(X, W)))
+    E, k, I, H = 4, 2, 8, K
+    idx = np.stack([rng.choice(E, k, replace=False) for _ in range(R)]).astype(np.int32)
+    G, U = round_bf16(spiky(rng, (E * I, H))), round_bf16(spiky(rng, (E * I, H), specials=True))
+    up = [np.empty((R * k, I), np.float32) for _ in range(2)]
+    cpu.moe_up_mma(X, G, U, idx, I, up[0], R)
+    cpu.moe_up_mma(X, narrow(G), narrow(U), idx, I, up[1], R)
+    np.testing.assert_array_equal(bits(up[0]), bits(up[1]))
+    D2 = round_bf16(spiky(rng, (E * H, I), specials=True))
+    down = [np.empty((R * k, H), np.float32) for _ in range(2)]
+    cpu.moe_down_mma(up[0], D2, idx, H, down[0], R)
+    cpu.moe_down_mma(up[0], narrow(D2), idx, H, down[1], R)
+    np.testing.assert_array_equal(bits(down[0]), bits(down[1]))
+
+
+def test_mode_resident_weights_default_and_choice():
+    assert resolve_for_mode(None, "exact-bf16", "cuda") == "bf16"
+    assert resolve_for_mode(None, "exact-bf16", "cpu") == "f32"
+    assert resolve_for_mode("f32", "exact-bf16", "cuda") == "f32"
+    assert resolve_for_mode("bf16", "exact-bf16", "cpu") == "bf16"
+    from harness.errors import PrimewalkError
+
+    with pytest.raises(PrimewalkError, match="unknown weights mode 'fp8'"):
+        resolve_for_mode("fp8", "exact-bf16", "cpu")
 
 
 def attention_by_tiles(Q, kc, vc, start, R, hq, hkv, D, scale):
@@ -168,6 +206,27 @@ def test_engine_decode_row_equals_prime_row(engines):
         l_dec, h_dec = e16.decode_step(s2, ids[t])
         np.testing.assert_array_equal(bits(l_dec), bits(l_prime[t - 40]))
         np.testing.assert_array_equal(bits(e16.host(h_dec)[0]), bits(e16.host(h_prime)[t - 40]))
+
+
+def test_engine_mode_bf16_resident_weights(engines):
+    """exact-bf16 with the GEMM weights resident as bf16 bits: uint16 matrices holding the rounded
+    weights' bits, and every logit and hidden row the bits of the float32-resident engine."""
+    _, e16 = engines
+    eb = Engine(e16.ckpt, "cpu", mode="exact-bf16", weights="bf16")
+    assert eb.weights == "bf16" and e16.weights == "f32"
+    for key in ("qkvzba", "out", "gu", "down"):
+        assert eb.layers[0][key].dtype == np.uint16
+        np.testing.assert_array_equal(eb.layers[0][key], narrow(e16.layers[0][key]))
+    assert eb.lm_head.dtype == np.uint16 and eb.embed.dtype == np.float32
+    ids = (np.arange(37) * 5 + 1) % eb.cfg.vocab_size
+    sa, sb = e16.new_session(48), eb.new_session(48)
+    la, ha = e16.prime_chunk(sa, ids[:30])
+    lb, hb = eb.prime_chunk(sb, ids[:30])
+    np.testing.assert_array_equal(bits(la), bits(lb))
+    for t in ids[30:]:
+        la, _ = e16.decode_step(sa, t)
+        lb, _ = eb.decode_step(sb, t)
+        np.testing.assert_array_equal(bits(la), bits(lb))
 
 
 def test_modes_differ_and_bad_mode_is_one_line(engines):

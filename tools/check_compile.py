@@ -172,15 +172,25 @@ def _compile_all(recorded, only, ptxas):
     from numba import types
 
     u2 = types.Array(types.uint32, 2, "C")
-    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k, mma_tc.linear_mma_gemm_k):
+    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemm_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_g16_k,
+                 mma_tc.linear_mma_vd_k, mma_tc.linear_mma_vd8_k):
         if not only or kern.__name__ in only:
             jobs.append((kern.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
-    if not only or "attention_mma_tc_k" in only:
+    h2 = types.Array(types.uint16, 2, "C")
+    if not only or "linear_mma_tc_k_w16" in only:  # bf16-resident W, K % 8 != 0
+        jobs.append(("linear_mma_tc_k_w16", mma_tc.linear_mma_tc_k.py_func, (u2, h2, u2, types.int64), {}))
+    if not only or "mma_pack_x_k" in only:
+        jobs.append(("mma_pack_x_k", mma_tc.mma_pack_x_k.py_func, (u2, u2, types.int64), {}))
+    u1 = types.Array(types.uint32, 1, "C")
+    if not only or "attention_mma_pk_k" in only:
         f2, i64 = types.Array(types.float32, 2, "C"), types.int64
         f3, u3 = types.Array(types.float32, 3, "C"), types.Array(types.uint32, 3, "C")
-        jobs.append(("attention_mma_tc_k", mma_tc.attention_mma_tc_k.py_func,
-                     (u2, u2, u2, f2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, i64, types.float32, f3,
-                      u3), {}))
+        jobs.append(("attention_mma_pk_k", mma_tc.attention_mma_pk_k.py_func,
+                     (u1, u1, u1, u2, f2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, i64, types.float32,
+                      f3, u3, i64, i64, i64), {"max_registers": mma_tc.PK_MAX_REGS}))
+    for kern in (mma_tc.att_pack_rows_k, mma_tc.att_pack_v_k):
+        if not only or kern.__name__ in only:
+            jobs.append((kern.__name__, kern.py_func, (u2, u1) + (types.int64,) * 4, {}))
     rows = []
     for name, fn, sig, opts in jobs:
         row = {"kernel": name, "signature": ", ".join(str(t) for t in sig)}

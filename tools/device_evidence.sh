@@ -91,7 +91,7 @@ fi
   d receipts/golden/tiny.json "$res/h200-tiny-w2.json"
   d "$res/own-cpu.json" "$res/own-cuda.json"
   [ -f "$res/h200-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/h200-tiny-exact-bf16.json"
-  for m in default stdlib; do  # where the CPU twin's run of the matrix in the mode is committed
+  for m in default stdlib; do  # (stdlib: no CPU run committed yet, see the README's exact-bf16 section)
     [ -f "$res/h200-$m-exact-bf16.json" ] && [ -f "receipts/exact-bf16/cpu-$m.json" ] &&
       d "receipts/exact-bf16/cpu-$m.json" "$res/h200-$m-exact-bf16.json"
   done

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""The exact-bf16 tensor-core attention's schedule variants, checked and timed on a GPU (issue #19):
+"""The exact-bf16 tensor-core attention, checked and timed on a GPU (issue #19):
 
     python tools/probe_att_tc.py --out FILE.json [--rows 4096,32768] [--hq 16 --hkv 2 --d 256]
 
-``numba_kernels.mma_tc.attention_tc_variant`` builds ``attention_mma_tc_k`` with each of its
-schedule choices (prefetch, regpass, vhoist: the same arithmetic, other load and reduction
-orders). For every variant this tool
+``numba_kernels.mma_tc.attention_mma_tc`` (Q, K and V packed to bf16 once per call, then the
+twin's tiles and chains on the MMA). This tool
 
 1. runs the check cases (odd heads, head dims 8-256, starts on and off a 64-key tile, rows
    straddling a tile; all-zero queries: tied +0 scores; scores that overflow to ±∞; NaN keys at
@@ -14,14 +13,14 @@ orders). For every variant this tool
 2. times the kernel on random rows of the given shape (bench-8l's attention by default) from
    position 0: the best of three after a compiling run.
 
-Writes the JSON (device, commit from ``$PRIMEWALK_COMMIT``, per variant: the check verdicts and
-the times) and prints one line per variant. Exits 1 if any variant differs from the twin.
+Writes the JSON (device, commit from ``$PRIMEWALK_COMMIT``, the check verdicts and the times) and
+prints one line. Exits 1 if any case differs from the twin. (Until 2026-12-03 the tree also had
+an unpacked kernel with schedule variants, compared here: ``receipts/probes/``.)
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -76,7 +75,6 @@ def main(argv=None) -> int:
     ap.add_argument("--hq", type=int, default=16)
     ap.add_argument("--hkv", type=int, default=2)
     ap.add_argument("--d", type=int, default=256)
-    a = ap.parse_args(argv)
     np.row_stack = getattr(np, "row_stack", np.vstack)  # numba-cuda 0.30.4 with numpy 2.5
     from numba import cuda
 
@@ -95,40 +93,39 @@ def main(argv=None) -> int:
     dev = cuda.get_current_device()
     res = {"device": dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
            "commit": os.environ.get("PRIMEWALK_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
-           "shape": {"hq": a.hq, "hkv": a.hkv, "D": a.d}, "variants": []}
+           "shape": {"hq": a.hq, "hkv": a.hkv, "D": a.d}}
     rows = [int(x) for x in a.rows.split(",")]
     big = {}
     rng = np.random.default_rng(1)
     for R in rows:
         big[R] = [cuda.to_device(rng.standard_normal((R, h * a.d), dtype=F32)) for h in (a.hq, a.hkv, a.hkv)]
     ok = True
-    for sch in itertools.product((False, True), repeat=3):
-        v = {"schedule": dict(zip(("prefetch", "regpass", "vhoist"), sch)), "checks": {}, "times": {}}
-        for name, Q, K, V, start, R, hq, hkv, D in cases:
-            o = cuda.to_device(np.zeros((R, hq * D), F32))
-            assert mma_tc.attention_mma_tc(cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), o, start, R, hq,
-                                           hkv, D, F32(D ** -0.5), schedule=sch)
-            same = np.array_equal(canonical_f32(o.copy_to_host()).view(np.uint32), want[name].view(np.uint32))
-            v["checks"][name] = "bitwise" if same else "DIFFERS"
-            ok &= same
-        for R in rows:
-            Q, K, V = big[R]
-            o = cuda.device_array((R, a.hq * a.d), F32)
-            ts = []
-            for _ in range(4):
-                cuda.synchronize()
-                t0 = time.perf_counter()
-                mma_tc.attention_mma_tc(Q, K, V, o, 0, R, a.hq, a.hkv, a.d, F32(a.d ** -0.5), schedule=sch)
-                cuda.synchronize()
-                ts.append(time.perf_counter() - t0)
-            t = min(ts[1:])
-            flops = 4.0 * a.hq * a.d * R * (R + 1) / 2
-            v["times"][str(R)] = {"s": t, "tflops": flops / t / 1e12}
-        res["variants"].append(v)
-        bad = [k for k, x in v["checks"].items() if x != "bitwise"]
-        print(f"{sch}: " + ", ".join(f"R {R} {v['times'][str(R)]['s'] * 1e3:.2f} ms "
-                                     f"({v['times'][str(R)]['tflops']:.1f} TFLOP/s)" for R in rows)
-              + (f"; DIFFERS: {', '.join(bad)}" if bad else "; checks bitwise"), flush=True)
+    v = {"variant": "packed", "checks": {}, "times": {}}
+    for name, Q, K, V, start, R, hq, hkv, D in cases:
+        o = cuda.to_device(np.zeros((R, hq * D), F32))
+        assert mma_tc.attention_mma_tc(cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), o, start, R, hq,
+                                       hkv, D, F32(D ** -0.5))
+        same = np.array_equal(canonical_f32(o.copy_to_host()).view(np.uint32), want[name].view(np.uint32))
+        v["checks"][name] = "bitwise" if same else "DIFFERS"
+        ok &= same
+    for R in rows:
+        Q, K, V = big[R]
+        o = cuda.device_array((R, a.hq * a.d), F32)
+        ts = []
+        for _ in range(4):
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            mma_tc.attention_mma_tc(Q, K, V, o, 0, R, a.hq, a.hkv, a.d, F32(a.d ** -0.5))
+            cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+        t = min(ts[1:])
+        flops = 4.0 * a.hq * a.d * R * (R + 1) / 2
+        v["times"][str(R)] = {"s": t, "tflops": flops / t / 1e12}
+    res.update(checks=v["checks"], times=v["times"])
+    bad = [k for k, x in v["checks"].items() if x != "bitwise"]
+    print("packed: " + ", ".join(f"R {R} {v['times'][str(R)]['s'] * 1e3:.2f} ms "
+                                 f"({v['times'][str(R)]['tflops']:.1f} TFLOP/s)" for R in rows)
+          + (f"; DIFFERS: {', '.join(bad)}" if bad else "; checks bitwise"), flush=True)
     write_text_atomic(a.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1
 

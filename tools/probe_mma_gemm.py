@@ -2,7 +2,8 @@
 
     python tools/probe_mma_gemm.py --out DIR
 
-For each shape (decode rows, a prime chunk, bench-8l-like widths): ``linear_mma`` on the GPU
+For each shape (decode rows, a prime chunk, bench-8l-like widths) and each resident form of W
+(``--weights``: float32 of bf16 values, bf16 bits): ``linear_mma`` on the GPU
 (``mma_tc.linear_mma_tc``: mma.sync via inline PTX) against the CPU twin on sampled outputs,
 bitwise (the sampled rows run on the CPU in full, every column), and its time against torch bf16
 ``X @ W.T`` (cuBLAS, tensor cores) and the bf16 weight-read floor (bytes of W at 4.8 TB/s).
@@ -35,7 +36,7 @@ def check_compile() -> int:
     from numba_kernels import mma_tc
 
     ok = True
-    for kernel in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_tc4_k):
+    for kernel in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_vd_k):
         ptx = mma_tc.compile_ptx_sm90(kernel)
         d = tempfile.mkdtemp()
         p = os.path.join(d, "k.ptx")
@@ -55,6 +56,8 @@ def check_compile() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for probe-mma-gemm.json")
+    ap.add_argument("--weights", default="f32,bf16",
+                    help="W resident as f32 (float32 of bf16 values) and/or bf16 (uint16 bits), comma-separated")
     ap.add_argument("--check-compile", action="store_true", help="compile for sm_90 and count HMMA (no GPU)")
     a = ap.parse_args()
     if a.check_compile:
@@ -64,16 +67,18 @@ def main() -> int:
     import torch
     from numba import cuda
 
+    from harness.engine.bf16 import narrow
     from harness.engine.modes import round_bf16
     from numba_kernels import cpu, cuda as kc
 
     rng = np.random.default_rng(0)
     rows = []
     t_start = time.perf_counter()
-    for R, K, N in SHAPES:
+    for (R, K, N), wt in [(sh, w) for sh in SHAPES for w in a.weights.split(",")]:
         X = rng.standard_normal((R, K)).astype(np.float32)
         W = round_bf16(rng.standard_normal((N, K)).astype(np.float32) * np.float32(K ** -0.5))
-        dX, dW, dO = cuda.to_device(X), cuda.to_device(W), cuda.device_array((R, N), np.float32)
+        dX, dO = cuda.to_device(X), cuda.device_array((R, N), np.float32)
+        dW = cuda.to_device(narrow(W) if wt == "bf16" else W)  # bf16: resident as its bits (uint16)
         kc.linear_mma(dX, dW, dO, R)
         cuda.synchronize()
         reps = 20 if R * N * K < 1e10 else 5
@@ -97,11 +102,11 @@ def main() -> int:
         torch.cuda.synchronize()
         t_torch = (time.perf_counter() - t0) / reps
         floor = 2 * N * K / HBM_BPS
-        row = {"R": R, "K": K, "N": N, "bitwise_sampled_rows": same, "rows_checked": len(pick),
+        row = {"R": R, "K": K, "N": N, "weights": wt, "bitwise_sampled_rows": same, "rows_checked": len(pick),
                "ours_s": t_ours, "torch_bf16_s": t_torch, "bf16_weight_floor_s": floor,
                "ours_tflops": 2 * R * N * K / t_ours / 1e12, "torch_tflops": 2 * R * N * K / t_torch / 1e12}
         rows.append(row)
-        print(f"R{R:5d} K{K:5d} N{N:5d}: {'bitwise' if same else 'DIFFERS'} ({len(pick)} rows); ours "
+        print(f"R{R:5d} K{K:5d} N{N:5d} W {wt:4s}: {'bitwise' if same else 'DIFFERS'} ({len(pick)} rows); ours "
               f"{t_ours * 1e3:8.3f} ms ({row['ours_tflops']:6.1f} TFLOP/s), torch bf16 {t_torch * 1e3:8.3f} ms, "
               f"x{t_ours / t_torch:6.2f}; floor {floor * 1e3:.3f} ms (x{t_ours / floor:6.2f})", flush=True)
     os.makedirs(a.out, exist_ok=True)

@@ -36,7 +36,7 @@ def weights_arg(p):
     p.add_argument("--weights", choices=("auto", "f32", "bf16"), default=None,
                    help="resident weights: bf16 keeps linear/MoE weights bf16 and widens them in registers "
                         "(same bits as f32); default $PRIMEWALK_WEIGHTS or auto (bf16 for a bf16 checkpoint "
-                        "on cuda)")
+                        "on cuda; with --mode exact-bf16, bf16 on cuda and f32 on cpu)")
 
 
 def mode_arg(p, default="exact"):

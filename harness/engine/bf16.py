@@ -47,17 +47,17 @@ def resolve(requested: str | None, backend: str, ckpt) -> str:
     return "bf16" if backend == "cuda" and stored == {"BF16"} else "f32"
 
 
-def resolve_for_mode(requested: str | None, mode: str) -> str:
-    """The resident weights under a mode other than ``exact`` (issue #19's ``exact-bf16``): its
-    GEMM weights are float32 arrays holding bf16 values (:mod:`.modes`), so ``auto`` and ``f32``
-    give "f32" and ``bf16`` (uint16-resident) is refused in one line."""
+def resolve_for_mode(requested: str | None, mode: str, backend: str = "cpu") -> str:
+    """The resident weights under a mode other than ``exact`` (issue #19's ``exact-bf16``, whose
+    GEMM weights are rounded to bf16 at load, :mod:`.modes`): ``bf16`` keeps them as their bits
+    (uint16), ``f32`` as float32 arrays of the bf16 values, ``auto`` bf16 on CUDA (half the bytes)
+    and f32 on the CPU. The same bits either way: the MMA kernels and the twin read both."""
     w = (requested or os.environ.get("PRIMEWALK_WEIGHTS") or "auto").lower()
     if w not in MODES:
         raise PrimewalkError(f"unknown weights mode {w!r} (choose one of: {', '.join(MODES)})")
-    if w == "bf16":
-        raise PrimewalkError(f"--mode {mode} with --weights bf16: the mode keeps its GEMM weights as float32 arrays "
-                             "of bf16 values (its MMA kernels do not take uint16 weights); use --weights auto or f32")
-    return "f32"
+    if w == "auto":
+        return "bf16" if backend == "cuda" else "f32"
+    return w
 
 
 def check_exact(tensors: dict) -> None:

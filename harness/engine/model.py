@@ -80,14 +80,13 @@ class Engine:
         self.B = get_backend(backend)
         # the resident weights (issue #14): "f32" | "bf16" (bf16 bits, uint16), independent of the mode
         self.weights = bf16.resolve(weights, self.B.name, ckpt) if self.mode == "exact" else bf16.resolve_for_mode(
-            weights, self.mode)
-        lin = None
-        if self.weights == "bf16":
+            weights, self.mode, self.B.name)
+        lin = emb = None
+        if self.mode != "exact":  # GEMM weights rounded to bf16 (resident as bf16 bits or float32); the
+            lin, emb = weight_upload(self.mode, self.B.upload, self.weights), self.B.upload  # embedding as loaded
+        elif self.weights == "bf16":
             bf16.check_exact(ckpt.tensors)
             lin = lambda a: self.B.upload(bf16.narrow(a))  # noqa: E731
-        emb = None
-        if self.mode != "exact":  # float32 arrays holding bf16 values; the embedding stays as loaded
-            lin, emb = weight_upload(self.mode, self.B.upload), self.B.upload
         self.ops = mode_ops(self.B.ops, self.mode)  # the weight ops take bf16 bits (uint16) as they are
         self.check_finite = check_finite
         self.graphs = graphs_wanted(self.ops, graphs)  # capture small steps (see .graphs)

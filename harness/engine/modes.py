@@ -6,9 +6,12 @@ A mode decides two things only:
 
 - **the weights of every GEMM** (every linear layer, the MoE router and experts, the DeltaNet and
   attention projections, the MTP ``fc``, the lm head): in ``exact-bf16`` they are rounded to bf16
-  (round to nearest even) once at load and kept as float32 arrays holding bf16 values, so a bf16
-  checkpoint's weights are unchanged and a float32 checkpoint's are rounded. A tied lm head gets
-  its own rounded copy; the embedding table, norms, conv, ``A_log`` and ``dt_bias`` stay as loaded.
+  (round to nearest even) once at load, so a bf16 checkpoint's weights are unchanged and a float32
+  checkpoint's are rounded, and kept as their bf16 bits (uint16; the default on CUDA: half the
+  bytes a decode step reads) or as float32 arrays holding the bf16 values (the default on the CPU,
+  ``--weights f32``): the same bits either way, since the MMA kernels and the twin read both. A
+  tied lm head gets its own rounded copy; the embedding table, norms, conv, ``A_log`` and
+  ``dt_bias`` stay as loaded.
 - **which ops run the GEMMs**: ``linear``, ``attention``, ``moe_up`` and ``moe_down`` become their
   ``_mma`` versions (activations rounded to bf16 at every GEMM input, K in MMA steps of 16).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
+from .bf16 import narrow
 
 MODES = ("exact", "exact-bf16")
 DEFAULT_MODE = "exact"
@@ -41,9 +45,12 @@ def round_bf16(a) -> np.ndarray:
     return bf16_to_f32(f32_to_bf16(a))
 
 
-def weight_upload(mode: str, upload):
-    """How GEMM weights go to the backend in ``mode``."""
+def weight_upload(mode: str, upload, resident: str = "f32"):
+    """How GEMM weights go to the backend in ``mode``: in ``exact-bf16`` rounded to bf16, then kept
+    as float32 arrays (``resident`` "f32") or as their bits (uint16, "bf16": half the bytes)."""
     if mode == "exact-bf16":
+        if resident == "bf16":
+            return lambda a: upload(narrow(round_bf16(a)))
         return lambda a: upload(round_bf16(a))
     return upload
 

@@ -38,7 +38,7 @@ def measure(ck, ids4096, ids512, timer, quick, time_left=lambda: float("inf"), f
         return s
 
     n4 = len(ids4096)
-    res = {"mode": "exact-bf16", "prime_tokens": n4}
+    res = {"mode": "exact-bf16", "weights": eng.weights, "prime_tokens": n4}  # weights: bf16 bits on CUDA
     res["prime_4096_s"] = timer(lambda: prime(n4, ids4096), reps=2)
     res["prime_4096_tokens_per_s"] = n4 / res["prime_4096_s"]
     guess = res["prime_4096_s"] * (32768 / n4) ** 2  # attention: quadratic in the length

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..atomic import write_text_atomic
 from ..engine.digests import canonical_f32, continuation_digest, logits_digest
+from ..engine.modes import round_bf16
 from ..errors import InputError
 from ..matrix.runner import ulp_distance
 from .evidence import REPO, evidence_block
@@ -176,6 +177,16 @@ def op_cases(rng, full: bool = True):
         add("moe_down", f"bf16-R{R}-E{E}-k{k}-I{I}-H{H}",
             (_r(rng, R * k, I), _w16(rng, E * H, I, scale=I ** -0.5), idx, H,
              np.zeros((R * k, H), F32), R), [4])
+        # exact-bf16 (issue #19): the experts on the MMA, weights float32 of bf16 values or bf16 bits
+        # (the naive kernels: one thread per output; the small config covers their indexing, and
+        # the big one's weights, 2 GB a form, would be built by every shard process)
+        for tag, wt in ((("", lambda *sh, scale: round_bf16(_r(rng, *sh, scale=scale))),
+                         ("bf16-", lambda *sh, scale: _w16(rng, *sh, scale=scale))) if E * I * H <= 1 << 22 else ()):
+            add("moe_up_mma", f"{tag}R{R}-E{E}-k{k}-I{I}-H{H}",
+                (_r(rng, R, H), wt(E * I, H, scale=H ** -0.5), wt(E * I, H, scale=H ** -0.5), idx, I,
+                 np.zeros((R * k, I), F32), R), [5])
+            add("moe_down_mma", f"{tag}R{R}-E{E}-k{k}-I{I}-H{H}",
+                (_r(rng, R * k, I), wt(E * H, I, scale=I ** -0.5), idx, H, np.zeros((R * k, H), F32), R), [4])
         add("moe_combine", f"R{R}-k{k}-H{H}",
             (_r(rng, R * k, H), rng.uniform(0, 1, (R, k)).astype(F32), _r(rng, R, H), _r(rng, R, 1), True,
              np.zeros((R, H), F32), R), [5])
@@ -212,7 +223,6 @@ def op_cases(rng, full: bool = True):
 def mma_op_cases(rng, full, add):
     """exact-bf16 (issue #19): the MMA ops at 1 row, 4/5 (the fp32 GEMV threshold), 16/17 (one
     MMA row tile and past it) and many rows; K not a multiple of 16, N not of 8; weights bf16."""
-    from ..engine.modes import round_bf16
 
     # K % 4 == 0 takes the tensor-core kernel with 16-byte loads (K 260 and 1100: a last step of
     # 4 and 12 terms), other K the scalar one (1026, 97)
@@ -223,13 +233,27 @@ def mma_op_cases(rng, full, add):
     for R, K, N in (lin if full else lin[5:6] + lin[7:]):
         add("linear_mma", f"R{R}-K{K}-N{N}",
             (_r(rng, R, K), round_bf16(_r(rng, N, K, scale=K ** -0.5)), np.zeros((R, N), F32), R), [2])
+    # bf16-resident weights (uint16, the default on CUDA): K % 8 == 0 takes the GEMV below
+    # W16_MIN_ROWS (33) rows (1, 4, 17, 32; K 264 and 1096: a last step of 8 terms, a last stage
+    # part-filled) and the packed-X GEMM from it (33, 64, 200, 520; N 130, 300: partial blocks; K 264:
+    # a last 32-k tile of one step); other K (1100, 97) the one-warp kernel on element loads
+    w16 = [(1, 2048, 5632), (4, 1096, 77), (17, 264, 130), (32, 2048, 2048), (1, 1100, 41), (33, 264, 130),
+           (200, 1096, 300), (130, 97, 33), (520, 512, 384), (64, 5632, 2048)]
+    for R, K, N in (w16 if full else w16[2:3] + w16[5:8]):
+        X = _r(rng, R, K)
+        if R >= 3:  # non-finite activations: their rows only
+            X[1, 5], X[R - 1, K - 1] = np.inf, np.nan
+        W = _w16(rng, N, K, scale=K ** -0.5)
+        W[3, 7] = 0x7F80  # +inf: the column's outputs ±inf or NaN
+        add("linear_mma", f"bf16-R{R}-K{K}-N{N}", (X, W, np.zeros((R, N), F32), R), [2])
     # split-KV up to SPLIT_MAX_ROWS (16) rows; past it the tensor-core kernel (head_dim a multiple
     # of 4 up to 256: D 40 is not one of 16; odd heads; starts on and off a 64-key tile; warps
     # whose 16 rows straddle a tile), one block per (row, head) for other head dims (D 6); the
-    # captured step's device-side position (@pos: the grid covers the cache's capacity)
+    # captured step's device-side position (@pos: the grid covers the cache's capacity); head_dim 12
+    # (packed: a last n-tile of 4 columns, one MMA step of a 32-k block)
     att = [(16, 2, 256, 1000, 1, ""), (4, 2, 64, 61, 17, ""), (16, 2, 256, 5000, 4, "@pos"), (3, 1, 24, 130, 16, ""),
            (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos"), (7, 7, 40, 64, 33, ""), (8, 2, 128, 0, 70, ""),
-           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, "")]
+           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, ""), (3, 3, 12, 130, 40, "")]
     for hq, hkv, D, start, R, tag in (att if full else att[1:2] + att[5:]):
         ctx = start + R
         cap = ctx + (100 if tag else 0)
