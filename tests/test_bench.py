@@ -366,6 +366,8 @@ def test_mma_goals_and_table():
     assert g["mma_decode_512_over_bf16_floor"]["value"] == pytest.approx(1.2) and g["mma_decode_512_over_bf16_floor"]["met"]
     assert "exact-bf16: prime 4096 1500.0 tok/s (hf bf16 1000.0)" in bench_mma.table_lines(r)[0]
     assert bench_mma.table_lines({"primewalk": {"mma": {"n/a": "skipped"}}}) == []
+    r["primewalk"]["mma"].update(prime_32768_s=0.9, prime_32768_cold_s=1.5)
+    assert "prime 32768 0.900 s (cold 1.500)" in bench_mma.table_lines(r)[0]
     assert "mma" in bench.SKIPPABLE
 
 
@@ -387,6 +389,31 @@ def test_mma_part_on_the_cpu_twin(left):
         assert prof["total_s"] > 0 and prof["ops"]["linear"]["calls"] > 0 and "attention" in prof["ops"]
     else:
         assert "profile_prime_4096" not in m
+
+
+@pytest.mark.parametrize("left", [0.0, 1e9])
+def test_mma_long_prime_cold_then_warm(left):
+    """The long prime (short here: 64 tokens after a 32-token one) runs cold, then warm when the
+    time box allows or the cold run was short: ``prime_32768_s`` is the warm run, the cold one is
+    kept; with no time left and a cold run past ``SMALL_32K_S`` only the cold run counts."""
+    from harness.gpu import bench, bench_mma
+
+    ck = load_checkpoint(default_model_path())
+    ids = [int(i) % ck.config.vocab_size for i in range(1, 33)]
+    times = iter([0.5, 20.0, 0.4])  # the short prime, the cold long one, the warm long one
+
+    def timer(fn, reps=3, warmup=1):
+        for _ in range(warmup + reps):
+            fn()
+        return next(times)
+
+    m = bench_mma.measure(ck, ids, ids[:16], timer, False, time_left=lambda: left, floor_ms=0.5,
+                          backend="cpu", long_tokens=64)
+    assert m["prime_32768_cold_s"] == 20.0
+    if left:
+        assert m["prime_32768_s"] == 0.4 and m["prime_32768_runs"].startswith("cold, then warm")
+    else:
+        assert m["prime_32768_s"] == 20.0 and m["prime_32768_runs"].startswith("one cold run")
 
 
 def test_bf16_decode_bytes_count_each_matrix_at_two_bytes():
