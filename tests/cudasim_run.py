@@ -293,13 +293,11 @@ def mma_cases(attn):
          [5])
     case("moe_down_mma", "R3-k2-I40-H8", (r(6, 40), bf(r(8 * 8, 40)), idx, 8, np.zeros((6, 8), F32), 3), [4])
 
-    def h(a):  # bf16 bits (uint16): the weights an exact-bf16 engine keeps resident on CUDA
-        return (bf(a).view(np.uint32) >> 16).astype(np.uint16)
-
-    case("linear_mma", "bf16-R5-K40-N9", (r(5, 40), h(r(9, 40, scale=0.2)), np.zeros((5, 9), F32), 5), [2], rows=5)
+    # bf16 bits (uint16, w16): the weights an exact-bf16 engine keeps resident on CUDA
+    case("linear_mma", "bf16-R5-K40-N9", (r(5, 40), w16(9, 40, scale=0.2), np.zeros((5, 9), F32), 5), [2], rows=5)
     case("moe_up_mma", "bf16-R3-k2-I6-H40",
-         (r(3, 40), h(r(8 * 6, 40)), h(r(8 * 6, 40)), idx, 6, np.zeros((6, 6), F32), 3), [5])
-    case("moe_down_mma", "bf16-R3-k2-I40-H8", (r(6, 40), h(r(8 * 8, 40)), idx, 8, np.zeros((6, 8), F32), 3), [4])
+         (r(3, 40), w16(8 * 6, 40), w16(8 * 6, 40), idx, 6, np.zeros((6, 6), F32), 3), [5])
+    case("moe_down_mma", "bf16-R3-k2-I40-H8", (r(6, 40), w16(8 * 8, 40), idx, 8, np.zeros((6, 8), F32), 3), [4])
 
 
 # ------------------------------------------------------------------------------------------------

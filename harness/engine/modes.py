@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from .bf16 import narrow
 
 MODES = ("exact", "exact-bf16")
 DEFAULT_MODE = "exact"
@@ -50,7 +49,9 @@ def weight_upload(mode: str, upload, resident: str = "f32"):
     as float32 arrays (``resident`` "f32") or as their bits (uint16, "bf16": half the bytes)."""
     if mode == "exact-bf16":
         if resident == "bf16":
-            return lambda a: upload(narrow(round_bf16(a)))
+            from numba_kernels.mma import f32_to_bf16  # the bits round_bf16 widens back
+
+            return lambda a: upload(np.ascontiguousarray(f32_to_bf16(a)))
         return lambda a: upload(round_bf16(a))
     return upload
 
