@@ -50,8 +50,8 @@ def pick(op: str, R: int) -> str:
 # Rows are independent inside an MMA, so a decode row padded to 16 is the same row of a prime. On a
 # GPU numba_kernels.cuda sets "linear_mma" to the tensor-core kernels (mma_tc.linear_mma_tc: from
 # mma_tc.GEMM_MIN_ROWS rows the block-tiled GEMM, fewer one warp per 16×8 tile) and "attention_mma"
-# to mma_tc.attention_mma_gpu: up to SPLIT_MAX_ROWS rows split-KV (attention_mma_split, when its
-# buffers fit SPLIT_MAX_STATS_BYTES), more on the tensor cores (attention_mma_tc, head_dim a
+# to mma_tc.attention_mma_gpu: up to SPLIT_MAX_ROWS rows split-KV on the tensor cores
+# (attention_mma_sk, when its buffers fit SPLIT_MAX_STATS_BYTES), more on the tensor cores (attention_mma_tc, head_dim a
 # multiple of 4 up to mma_tc.ATT_TC_MAX_D), else one block per (row, head) (attention_mma_tiled).
 # Under the simulator (no inline PTX) linear_mma, and the MoE ops everywhere, run the naive kernels
 # (the twin's emulation, one thread per output) and attention_mma split-KV or attention_mma_tiled.

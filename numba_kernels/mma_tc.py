@@ -32,8 +32,10 @@ are the one-warp kernels' chains. ``linear_mma_tc`` picks it, else ``linear_mma_
 ``attention_mma_pk`` (what ``attention_mma_tc`` runs: more rows than split-KV takes; head_dim a
 multiple of 4 up to ``ATT_TC_MAX_D``): Q, K and V packed to bf16 once per call in fragment order,
 then one warp per (16 query rows, head), QKᵀ and P·V on the MMA, the twin's tiles and its per-row
-loops (see the comment above it). ``attention_mma_gpu`` is the op on a GPU: split-KV, this
-kernel, or the one-block-per-(row, head) kernel.
+loops (see the comment above it). ``attention_mma_sk`` (up to ``SPLIT_MAX_ROWS`` rows: decode,
+verify, drafts): split-KV, one block per (64-key tile, KV head, up to 16 of its query heads as
+the MMA's rows, row), then the fp32 mode's ordered merge. ``attention_mma_gpu`` is the op on a
+GPU: split-KV, the packed kernel, or the one-block-per-(row, head) kernel.
 
 Weights resident as bf16 bits (uint16, the default on CUDA): ``linear_mma_g16_k`` (from
 ``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``) and ``linear_mma_vd_k`` /
@@ -54,12 +56,13 @@ from numba.cuda.extending import intrinsic
 
 from numba.cuda import libdevice
 
-from .dispatch import SPLIT_MAX_ROWS
+from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
 from .intrin import cp16, cp_commit, cp_wait1, cp_wait2, ldg4u
-from .launch import aligned, fmul, launch, scratch, syncwarp, wbits, zero_pos
+from .attention import ATT_MERGE_NT, attention_merge_source
+from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
-BODIES = ("exp32", "merge_stats", "merge_value", "attn_out", "mma_dot", "mma_f32", "attention_mma_split",
+BODIES = ("exp32", "merge_stats", "merge_value", "attn_out", "mma_dot", "mma_f32",
           "attention_mma_tiled")
 
 
@@ -110,15 +113,16 @@ def _bf16(u):
 
 
 @cuda.jit(device=True, inline=True)
-def _a2(Xu, r, k, R, K):
-    """Two A elements (row r, k and k+1) packed, +0 outside."""
+def _pair(Xu, row, c, ok, d, D):
+    """Xu[row, c] and Xu[row, c + 1] as a bf16 pair (an A or B fragment register): the elements
+    d and d + 1 of a length-D run; +0 where not ok or past D."""
     lo = np.uint32(0)
     hi = np.uint32(0)
-    if r < R:
-        if k < K:
-            lo = _bf16(Xu[r, k])
-        if k + 1 < K:
-            hi = _bf16(Xu[r, k + 1])
+    if ok:
+        if d < D:
+            lo = _bf16(Xu[row, c])
+        if d + 1 < D:
+            hi = _bf16(Xu[row, c + 1])
     return lo | (hi << np.uint32(16))
 
 
@@ -171,10 +175,10 @@ def linear_mma_tc_k(Xu, Wu, outu, R):
     d2 = np.uint32(0)
     d3 = np.uint32(0)
     for k0 in range(0, K, 16):
-        a0 = _a2(Xu, r0 + g, k0 + 2 * q, R, K)
-        a1 = _a2(Xu, r0 + g + 8, k0 + 2 * q, R, K)
-        a2 = _a2(Xu, r0 + g, k0 + 2 * q + 8, R, K)
-        a3 = _a2(Xu, r0 + g + 8, k0 + 2 * q + 8, R, K)
+        a0 = _pair(Xu, r0 + g, k0 + 2 * q, r0 + g < R, k0 + 2 * q, K)
+        a1 = _pair(Xu, r0 + g + 8, k0 + 2 * q, r0 + g + 8 < R, k0 + 2 * q, K)
+        a2 = _pair(Xu, r0 + g, k0 + 2 * q + 8, r0 + g < R, k0 + 2 * q + 8, K)
+        a3 = _pair(Xu, r0 + g + 8, k0 + 2 * q + 8, r0 + g + 8 < R, k0 + 2 * q + 8, K)
         b0 = _b2(Wu, o0 + g, k0 + 2 * q, N, K)
         b1 = _b2(Wu, o0 + g, k0 + 2 * q + 8, N, K)
         d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
@@ -968,6 +972,176 @@ def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     return True
 
 
+# ---- split-KV on the tensor cores (decode, verify, drafts: up to SPLIT_MAX_ROWS rows) -----------
+# attention_mma_split's job -- (mt, lt) and Σ p·v of every (row, head, 64-key tile), folded in tile
+# order by the fp32 mode's merge -- with the MMA itself instead of its emulation. One block of
+# SK_WARPS warps per (tile, KV head, group of up to 16 of its query heads, row): the group's heads
+# are the 16 rows of the MMA's A (GQA: they share the tile's K and V, read once from the float32
+# cache and rounded to bf16 as they are loaded; rows past the group's heads are +0).
+# - QKᵀ: warp w takes keys 16w … 16w+15 (two n-tiles), each key's chain over head_dim in steps of
+#   16 from +0, dims past head_dim +0 in Q and K (a zero product: no term);
+# - scores ×scale into shared memory; the row max, p = exp32(s − mt) and Σp in key order (the
+#   twin's tile_stats_mma, one thread per head row);
+# - P·V: warp w takes the n-tiles u ≡ w (mod SK_WARPS) of 8 columns, each column's chain over the
+#   tile's ceil(n / 16) key steps from +0; keys past the row's position have P = +0 and V masked to
+#   +0 (every head row of a block reads the same keys: no key is read by one row and not another).
+SK_WARPS = 4
+
+
+@cuda.jit
+def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
+    t = cuda.blockIdx.x
+    r = cuda.blockIdx.z
+    rep = hq // hkv
+    hg = (rep + 15) >> 4  # head groups per KV head
+    kvh = cuda.blockIdx.y // hg
+    h0 = (cuda.blockIdx.y - kvh * hg) * 16  # the group's first head, relative to the KV head's
+    pos = start + pb[0] + r
+    k0 = t * ATT_TILE
+    if k0 > pos:  # uniform over the block: a tile past the row's position
+        return
+    n = min(ATT_TILE, pos + 1 - k0)
+    cap = Ku.shape[0]
+    tid = cuda.threadIdx.x
+    w = tid >> 5
+    lane = tid & 31
+    g = lane >> 2
+    q = lane & 3
+    sS = cuda.shared.array((16, _SST), np.float32)
+    sM = cuda.shared.array(16, np.float32)
+    qa = (kvh * rep + h0 + g) * D  # Q columns of head rows g and g + 8
+    qb = qa + 8 * D
+    va = h0 + g < rep
+    vb = h0 + g + 8 < rep
+    ko = kvh * D
+    # 1. S = QKᵀ for keys 16w … 16w + 15 (uniform: a warp whose keys are all past n skips it)
+    if 16 * w < n:
+        s0 = np.uint32(0)
+        s1 = np.uint32(0)
+        s2 = np.uint32(0)
+        s3 = np.uint32(0)
+        s4 = np.uint32(0)
+        s5 = np.uint32(0)
+        s6 = np.uint32(0)
+        s7 = np.uint32(0)
+        key0 = k0 + 16 * w + g
+        key1 = key0 + 8
+        for st in range(0, D, 16):
+            d0 = st + 2 * q
+            d2 = d0 + 8
+            a0 = _pair(Qu, r, qa + d0, va, d0, D)
+            a1 = _pair(Qu, r, qb + d0, vb, d0, D)
+            a2 = _pair(Qu, r, qa + d2, va, d2, D)
+            a3 = _pair(Qu, r, qb + d2, vb, d2, D)
+            b00 = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
+            b01 = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
+            b10 = _pair(Ku, key1, ko + d0, key1 < cap, d0, D)
+            b11 = _pair(Ku, key1, ko + d2, key1 < cap, d2, D)
+            s0, s1, s2, s3 = mma_bf16(a0, a1, a2, a3, b00, b01, s0, s1, s2, s3)
+            s4, s5, s6, s7 = mma_bf16(a0, a1, a2, a3, b10, b11, s4, s5, s6, s7)
+        j = 16 * w + 2 * q
+        sS[g, j] = fmul(_u2f(s0), scale)
+        sS[g, j + 1] = fmul(_u2f(s1), scale)
+        sS[g + 8, j] = fmul(_u2f(s2), scale)
+        sS[g + 8, j + 1] = fmul(_u2f(s3), scale)
+        sS[g, j + 8] = fmul(_u2f(s4), scale)
+        sS[g, j + 9] = fmul(_u2f(s5), scale)
+        sS[g + 8, j + 8] = fmul(_u2f(s6), scale)
+        sS[g + 8, j + 9] = fmul(_u2f(s7), scale)
+    cuda.syncthreads()
+    # 2. each head row's tile max, in key order
+    if tid < 16:
+        mt = sS[tid, 0]
+        for j in range(1, n):
+            if sS[tid, j] > mt:
+                mt = sS[tid, j]
+        sM[tid] = mt
+    cuda.syncthreads()
+    # 3. p = exp32(s − mt), +0 past the row's keys
+    for x in range(tid, 16 * ATT_TILE, 32 * SK_WARPS):
+        m = x // ATT_TILE
+        j = x - m * ATT_TILE
+        sS[m, j] = exp32(sS[m, j] - sM[m]) if j < n else ZERO
+    cuda.syncthreads()
+    # 4. Σp in key order and (mt, lt) out, one thread per head row
+    if tid < 16 and h0 + tid < rep:
+        lt = ZERO
+        for j in range(n):
+            lt = lt + sS[tid, j]
+        vg = r * hq + kvh * rep + h0 + tid
+        ML[vg, t, 0] = sM[tid]
+        ML[vg, t, 1] = lt
+    # 5. P·V: P's A fragments (bf16 of p), then warp w's n-tiles of 8 columns
+    nsteps = (n + 15) >> 4
+    P = cuda.local.array(16, np.uint32)  # key step s: P[4s .. 4s+3] = its (a0, a1, a2, a3)
+    for s4 in range(4):
+        for hh in range(2):  # keys 16s + 8hh + 2q (+1) of head rows g and g + 8
+            j = 16 * s4 + 8 * hh + 2 * q
+            P[4 * s4 + 2 * hh] = _pack(_f2u(sS[g, j]), _f2u(sS[g, j + 1]))
+            P[4 * s4 + 2 * hh + 1] = _pack(_f2u(sS[g + 8, j]), _f2u(sS[g + 8, j + 1]))
+    klim = k0 + n
+    kq = k0 + 2 * q
+    vga = r * hq + kvh * rep + h0 + g
+    for u in range(w, (D + 7) >> 3, SK_WARPS):
+        col = 8 * u + g  # this lane's B column
+        c0 = np.uint32(0)
+        c1 = np.uint32(0)
+        c2 = np.uint32(0)
+        c3 = np.uint32(0)
+        for s4 in range(4):
+            if s4 < nsteps:  # uniform
+                c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
+                                          _vpair(Vu, kq + 16 * s4, ko, col, klim, D),
+                                          _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D), c0, c1, c2, c3)
+        cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
+        if va:
+            if cc < D:
+                A[vga, t, cc] = _u2f(c0)
+            if cc + 1 < D:
+                A[vga, t, cc + 1] = _u2f(c1)
+        if vb:
+            if cc < D:
+                A[vga + 8, t, cc] = _u2f(c2)
+            if cc + 1 < D:
+                A[vga + 8, t, cc + 1] = _u2f(c3)
+
+
+@cuda.jit(device=True, inline=True)
+def _vpair(Vu, key, ko, col, klim, D):
+    """B word of V: keys key, key + 1 of column col, bf16; +0 for keys ≥ klim or col ≥ D."""
+    lo = np.uint32(0)
+    hi = np.uint32(0)
+    if col < D:
+        if key < klim:
+            lo = _bf16(Vu[key, ko + col])
+        if key + 1 < klim:
+            hi = _bf16(Vu[key + 1, ko + col])
+    return lo | (hi << np.uint32(16))
+
+
+def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
+    """Split-KV exact-bf16 attention of up to ``SPLIT_MAX_ROWS`` rows on the tensor cores
+    (:func:`attention_mma_sk_k`, then the fp32 mode's ordered merge): the buffers, conditions and
+    bits of ``attention_mma_split``. Returns False (did nothing) when its buffers would not fit."""
+    ntiles = (start + R - 1) // ATT_TILE + 1 if pos is None else (kc.shape[0] - 1) // ATT_TILE + 1
+    need = R * hq * ntiles
+    if 4 * need * (D + 2 + ATT_TILE) > SPLIT_MAX_STATS_BYTES or not all(a.is_c_contiguous() for a in (Q, kc, vc)):
+        return False
+    if R <= 0:
+        return True
+    _bind()
+    rep = hq // hkv
+    ML = scratch("attention_mma.ml", 2 * need)[:2 * need].reshape(R * hq, ntiles, 2)
+    A = scratch("attention_mma.a", need * D)[:need * D].reshape(R * hq, ntiles, D)
+    pb = zero_pos() if pos is None else pos
+    launch(attention_mma_sk_k, (ntiles, hkv * ((rep + 15) // 16), R), 32 * SK_WARPS, Q.view(np.uint32),
+           kc.view(np.uint32), vc.view(np.uint32), np.int64(start), pb, np.int64(hq), np.int64(hkv), np.int64(D),
+           np.float32(scale), ML, A)
+    launch(generated(attention_merge_source, None), (R, hq, (D + ATT_MERGE_NT - 1) // ATT_MERGE_NT), ATT_MERGE_NT,
+           ML, A, out, np.int64(start), pb, np.int64(D))
+    return True
+
+
 def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     """exact-bf16 attention of R rows on the tensor cores (:func:`attention_mma_pk`); the twin's
     signature, ``pos`` as in ``attention_mma_split``. Returns False (did nothing) where it does
@@ -976,10 +1150,10 @@ def attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
 
 
 def attention_mma_gpu(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
-    """exact-bf16 attention on a GPU: split-KV up to ``SPLIT_MAX_ROWS`` rows (when its buffers
-    fit), the tensor-core kernel past that (when it applies), else one block per (row, head)."""
+    """exact-bf16 attention on a GPU: split-KV on the MMA up to ``SPLIT_MAX_ROWS`` rows (when its
+    buffers fit), the packed tensor-core kernel past that (when it applies), else one block per (row, head)."""
     _bind()
-    if R <= SPLIT_MAX_ROWS and attention_mma_split(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos):
+    if R <= SPLIT_MAX_ROWS and attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos):
         return
     if attention_mma_tc(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos):
         return

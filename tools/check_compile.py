@@ -188,6 +188,10 @@ def _compile_all(recorded, only, ptxas):
         jobs.append(("attention_mma_pk_k", mma_tc.attention_mma_pk_k.py_func,
                      (u1, u1, u1, u2, f2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, i64, types.float32,
                       f3, u3, i64, i64, i64), {"max_registers": mma_tc.PK_MAX_REGS}))
+    if not only or "attention_mma_sk_k" in only:
+        i64, f3 = types.int64, types.Array(types.float32, 3, "C")
+        jobs.append(("attention_mma_sk_k", mma_tc.attention_mma_sk_k.py_func,
+                     (u2, u2, u2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, types.float32, f3, f3), {}))
     for kern in (mma_tc.att_pack_rows_k, mma_tc.att_pack_v_k):
         if not only or kern.__name__ in only:
             jobs.append((kern.__name__, kern.py_func, (u2, u1) + (types.int64,) * 4, {}))

@@ -253,7 +253,8 @@ def mma_op_cases(rng, full, add):
     # (packed: a last n-tile of 4 columns, one MMA step of a 32-k block)
     att = [(16, 2, 256, 1000, 1, ""), (4, 2, 64, 61, 17, ""), (16, 2, 256, 5000, 4, "@pos"), (3, 1, 24, 130, 16, ""),
            (16, 2, 256, 300, 20, ""), (7, 7, 40, 64, 1, "@pos"), (7, 7, 40, 64, 33, ""), (8, 2, 128, 0, 70, ""),
-           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, ""), (3, 3, 12, 130, 40, "")]
+           (4, 2, 64, 500, 40, "@pos"), (3, 1, 6, 10, 20, ""), (3, 3, 12, 130, 40, ""),
+           (34, 2, 72, 700, 3, "@pos"), (17, 1, 8, 63, 2, "")]  # split on the MMA: 17 heads a KV head (two groups)
     for hq, hkv, D, start, R, tag in (att if full else att[1:2] + att[5:]):
         ctx = start + R
         cap = ctx + (100 if tag else 0)
@@ -266,6 +267,14 @@ def mma_op_cases(rng, full, add):
     Q[3, 5], K[20, 9], V[7, 3], V[22, 60] = np.nan, np.inf, -np.inf, F32(3.4e38)
     add("attention_mma", "R40-Hq2-Hkv1-D64-p0-nonfinite",
         (Q, K, V, np.zeros((40, 128), F32), 0, 40, 2, 1, 64, F32(0.125)), [3])
+    # the same in split-KV (R ≤ 16, one block a KV head's query heads): a NaN query, ±∞ keys, an ∞ V
+    # and a V that rounds to a bf16 ∞ at keys the rows read, NaN V and K past the last row's key
+    # (the cache's unwritten capacity: masked, never read into a product)
+    Q, K, V = _r(rng, 5, 4 * 64), _r(rng, 300, 2 * 64), _r(rng, 300, 2 * 64)
+    Q[1, 7], K[30, 3], K[131, 70], V[12, 5], V[100, 64] = np.nan, np.inf, -np.inf, np.inf, F32(3.4e38)
+    K[105:, :], V[105:, :] = np.nan, np.nan
+    add("attention_mma@pos", "R5-Hq4-Hkv2-D64-p100-nonfinite-cap300",
+        (Q, K, V, np.zeros((5, 256), F32), 100, 5, 4, 2, 64, F32(0.125)), [3])
     # the tile max (the twin's scan: first score, then strictly greater ones) where it is not a
     # plain max: rows of tied +0 scores (zero queries), scores past float32 (±∞; ∞ − ∞ in exp),
     # a NaN key at a tile's first key (a NaN max) and inside a tile (skipped by the scan)
