@@ -404,17 +404,19 @@ W16_MIN_ROWS = 33  # from this many rows the packed-X GEMM; fewer: linear_mma_vd
 
 @cuda.jit
 def mma_pack_x_k(Xu, Xp, R):
-    """Xp[r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R (K % 8 == 0, rows aligned):
-    one thread per 4 k (one 16-byte load, two words stored)."""
+    """Xp[c·R + r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R and every copy c <
+    Xp.shape[0] / R (K % 8 == 0, rows aligned): one thread per 4 k of a row of a copy (one 16-byte
+    load, two words stored)."""
     K = Xu.shape[1]
     kq = K >> 2
     i = cuda.grid(1)
-    if i < R * kq:
-        r = i // kq
-        k = 4 * (i - r * kq)
+    if i < Xp.shape[0] * kq:
+        row = i // kq
+        r = row % R
+        k = 4 * (i - row * kq)
         x0, x1, x2, x3 = ldg4u(Xu, r * K + k, True)
-        Xp[r, k >> 1] = _pack(x0, x1)
-        Xp[r, (k >> 1) + 1] = _pack(x2, x3)
+        Xp[row, k >> 1] = _pack(x0, x1)
+        Xp[row, (k >> 1) + 1] = _pack(x2, x3)
 
 
 @cuda.jit(device=True, inline=True)
@@ -500,27 +502,35 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
 # past R are not copied (garbage reaches only rows that are not stored). Up to 8 rows the kernel
 # built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are +0), so
 # a block takes 32 KB of shared memory, not 48.
+# Every warp reads the same X: Xp holds V16_COPIES copies of the packed rows (Xp.shape[0] / R of
+# them; the kernel reads copy blockIdx.x mod that), so that the thousands of warps of a large N
+# do not all read one few-hundred-byte stretch of one L2 slice at the same time.
 V16_KT = 256  # k per stage
 V16_STAGES = 4
-_V16_RW = V16_KT // 2  # words per shared row
+V16_COPIES = 1  # copies of packed X a GEMV reads (see above)
 
 
-def _vd_kernel(xrows):
+def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
     rows = xrows + 8  # X rows then W rows, per stage
-    words = V16_STAGES * rows * _V16_RW
+    rw = kt // 2  # words per shared row
+    words = stages * rows * rw
+    wait = cp_wait2 if stages == 4 else cp_wait1  # all but the newest stages - 2 groups
+    assert stages in (3, 4) and rw % 128 == 0
 
     @cuda.jit(device=True, inline=True)
-    def issue(sm, Xp, Wp, st, kt, r0, o0, R, N, K2, lane):
-        """Stage st ← slice kt: this lane's chunk of X rows r0.. (those < R) and of the warp's 8 W
-        rows (those < N); chunks past K are not copied."""
-        kw = kt * _V16_RW + 4 * lane
-        if kw < K2:
-            for r in range(xrows):
-                if r0 + r < R:
-                    cp16(sm, (st * rows + r) * _V16_RW + 4 * (lane ^ (r & 7)), Xp, r0 + r, kw)
-            for r in range(8):
-                if o0 + r < N:
-                    cp16(sm, (st * rows + xrows + r) * _V16_RW + 4 * (lane ^ r), Wp, o0 + r, kw)
+    def issue(sm, Xp, Wp, st, kt_, x0, r0, o0, R, N, K2, lane):
+        """Stage st ← slice kt_: this lane's chunks of X rows r0.. (those < R; of the copy at row
+        x0) and of the warp's 8 W rows (those < N); chunks past K are not copied."""
+        for h in range(rw // 128):
+            kw = kt_ * rw + 128 * h + 4 * lane
+            ch = 32 * h + lane  # 16-byte chunk in the row
+            if kw < K2:
+                for r in range(xrows):
+                    if r0 + r < R:
+                        cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, x0 + r0 + r, kw)
+                for r in range(8):
+                    if o0 + r < N:
+                        cp16(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, o0 + r, kw)
 
     @cuda.jit
     def linear_mma_vd_k(Xp, Wp, outu, R):
@@ -528,28 +538,29 @@ def _vd_kernel(xrows):
         K = 2 * K2
         sm = cuda.shared.array(words, np.uint32, alignment=16)
         lane, g, q, o0, r0 = _gv_place()
+        x0 = (cuda.blockIdx.x % (Xp.shape[0] // R)) * R  # this block's copy of X
         two = xrows == 16 and r0 + 8 < R  # uniform: rows g + 8 are read
         d0 = np.uint32(0)
         d1 = np.uint32(0)
         d2 = np.uint32(0)
         d3 = np.uint32(0)
-        nst = (K2 + _V16_RW - 1) // _V16_RW
-        for p in range(V16_STAGES - 1):
+        nst = (K2 + rw - 1) // rw
+        for p in range(stages - 1):
             if p < nst:
-                issue(sm, Xp, Wp, p, p, r0, o0, R, N, K2, lane)
+                issue(sm, Xp, Wp, p, p, x0, r0, o0, R, N, K2, lane)
             cp_commit()
         for st in range(nst):
-            cp_wait2()  # every group but the newest two: slice st has landed
-            syncwarp()  # ... for every lane; and buffer (st - 1) % V16_STAGES is no longer read
-            if st + V16_STAGES - 1 < nst:
-                issue(sm, Xp, Wp, (st + V16_STAGES - 1) % V16_STAGES, st + V16_STAGES - 1, r0, o0, R, N, K2, lane)
+            wait()  # every group but the newest stages - 2: slice st has landed
+            syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
+            if st + stages - 1 < nst:
+                issue(sm, Xp, Wp, (st + stages - 1) % stages, st + stages - 1, x0, r0, o0, R, N, K2, lane)
             cp_commit()
-            base = (st % V16_STAGES) * rows
-            xa = (base + g) * _V16_RW + q
-            xb = xa + 8 * _V16_RW
-            wb = (base + xrows + g) * _V16_RW + q
-            for j in range(V16_KT // 16):
-                k0 = st * V16_KT + 16 * j
+            base = (st % stages) * rows
+            xa = (base + g) * rw + q
+            xb = xa + 8 * rw
+            wb = (base + xrows + g) * rw + q
+            for j in range(kt // 16):
+                k0 = st * kt + 16 * j
                 if k0 < K:  # uniform
                     hi = k0 + 8 < K  # uniform: the step's k 8..15 (K % 16 == 8: +0 in the last step)
                     c0 = 4 * ((2 * j) ^ g)
@@ -575,20 +586,24 @@ linear_mma_vd8_k.py_func.__name__ = "linear_mma_vd8_k"  # its name in launch cou
 linear_mma_vd_k = _vd_kernel(16)
 
 
+def _packed_x(X, R, K, copies=1):
+    """X's rows packed to bf16 pairs (mma_pack_x_k) into kernel-owned scratch: copies × R rows."""
+    n = copies * R * (K // 2)
+    Xp = scratch("linear_mma.xp", n, np.uint32)[:n].reshape(copies * R, K // 2)
+    launch(mma_pack_x_k, (copies * R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
+    return Xp
+
+
 def _linear_w16(X, W, out, R):
     """linear_mma_tc of bf16-resident W (uint16 [N, K])."""
     N, K = W.shape
     vec = K % 8 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
     if vec and R >= W16_MIN_ROWS:
-        Xp = scratch("linear_mma.xp", R * (K // 2), np.uint32)[:R * (K // 2)].reshape(R, K // 2)
-        launch(mma_pack_x_k, (R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
-        launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, Xp,
+        launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, _packed_x(X, R, K),
                W.view(np.uint32), out.view(np.uint32), R)
     elif vec:
-        Xp = scratch("linear_mma.xp", R * (K // 2), np.uint32)[:R * (K // 2)].reshape(R, K // 2)
-        launch(mma_pack_x_k, (R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
-        launch(linear_mma_vd8_k if R <= 8 else linear_mma_vd_k, ((N + 7) // 8, (R + 15) // 16), 32, Xp,
-               W.view(np.uint32), out.view(np.uint32), R)
+        launch(linear_mma_vd8_k if R <= 8 else linear_mma_vd_k, ((N + 7) // 8, (R + 15) // 16), 32,
+               _packed_x(X, R, K, V16_COPIES), W.view(np.uint32), out.view(np.uint32), R)
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)
         wpb = 1 if tiles < TC_SPREAD_TILES else TC_WARPS
@@ -723,14 +738,7 @@ def att_pack_rows_k(Xu, out, rows, H, D, DW):
     r = rh // H
     pos = p & 15
     k = 32 * (p >> 4) + 16 * ((pos >> 1) & 1) + 4 * (pos >> 2) + 2 * (pos & 1)
-    lo = np.uint32(0)
-    hi = np.uint32(0)
-    if r < rows:
-        if k < D:
-            lo = _bf16(Xu[r, hh * D + k])
-        if k + 1 < D:
-            hi = _bf16(Xu[r, hh * D + k + 1])
-    out[i] = lo | (hi << np.uint32(16))
+    out[i] = _pair(Xu, r, hh * D + k, r < rows, k, D)
 
 
 @cuda.jit

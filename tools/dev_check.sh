@@ -5,6 +5,9 @@
 #   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
 # SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, L2-cold, ~3-5 min;
 # bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
+# MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
+# the default matrix. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
+# bitwise) and Nsight Compute's memory, occupancy and warp-state sections on its production kernel.
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
 set -uo pipefail
@@ -15,14 +18,15 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 s=$(date +%s)
 [ -n "${OPS:-}" ] && ( $h device-check --ops "$OPS" --out "$out/dc.json" > "$out/dc.log" 2>&1; echo "device-check exit $?" >> "$out/jobs.txt" ) &
-( $h run-matrix --backend cuda --out "$out/default.json" --quiet --no-plots > "$out/default.log" 2>&1
+[ "${MATRIX:-1}" = 1 ] && ( $h run-matrix --backend cuda --out "$out/default.json" --quiet --no-plots > "$out/default.log" 2>&1
   echo "default exit $?" >> "$out/jobs.txt"
   $h diff --digests-only receipts/golden/default.json "$out/default.json" > "$out/diff.txt" 2>&1
   echo "diff exit $?" >> "$out/jobs.txt" ) &
 wait
 echo "parallel part $(( $(date +%s) - s )) s" >> "$out/jobs.txt"
 cat "$out/jobs.txt"; tail -n 3 "$out"/dc.log "$out/diff.txt" 2>/dev/null
-python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} > "$out/profile.log" 2>&1
+mode=${MODE:+--mode $MODE}
+python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $mode > "$out/profile.log" 2>&1
 echo "profile exit $?" >> "$out/jobs.txt"; cut -c1-1500 "$out/profile.log"
 if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one setting, e.g. --weights bf16)
   python tools/decode_profile.py --out "$out/profile-ab.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $AB \
@@ -31,11 +35,21 @@ if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one 
 fi
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-    python tools/decode_profile.py --out "$out/x.json" --rows 1 --ncu-step 1 > "$out/ncu-R1.csv" 2> "$out/ncu.log"
+    python tools/decode_profile.py --out "$out/x.json" --rows 1 --ncu-step 1 $mode > "$out/ncu-R1.csv" 2> "$out/ncu.log"
   python tools/ncu_summary.py "$out/ncu-R1.csv"
 fi
 if [ "${SWEEP:-0}" = 1 ]; then
   timeout "${T_SWEEP:-200}" python tools/decode_kernels.py --out "$out/kernels.json" --sweep > "$out/kernels.log" 2>&1
   echo "kernels exit $?" >> "$out/jobs.txt"; grep "^sweep" "$out/kernels.log"
+fi
+if [ "${VD:-0}" = 1 ]; then
+  python tools/probe_vd.py --out "$out" > "$out/probe-vd.log" 2>&1
+  echo "probe-vd exit $?" >> "$out/jobs.txt"; cat "$out/probe-vd.log"
+  if command -v ncu > /dev/null; then
+    ncu --clock-control none --kernel-name regex:linear_mma_vd --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --csv --page details \
+      python tools/probe_vd.py --ncu --rows 1 > "$out/ncu-vd.csv" 2> "$out/ncu-vd.log"
+    echo "ncu-vd exit $?" >> "$out/jobs.txt"
+  fi
 fi
 echo "total $(( $(date +%s) - s )) s"
