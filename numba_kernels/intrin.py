@@ -29,7 +29,7 @@ Global memory (read-only for the kernel's lifetime: ``ld.global.nc``):
 Asynchronous copies global → shared (``cp.async``): ``cp16(S, i, A, row, col)`` / ``cp4`` copy
 16 / 4 bytes of ``A[row, col:]`` to ``S[i:]``; ``cp16f(S, i, A, off, rs)`` / ``cp4f`` from flat
 element ``off``; ``cp_commit()``, ``cp_wait0()``, ``cp_wait1()``, ``cp_wait2()`` (``cp.async.commit_group``,
-``wait_group 0/1/2``).
+``wait_group 0/1/2``); ``cp_wait_group(n)`` builds the ``wait_group n`` one.
 
 Other: ``sel(c, a, b)`` (a branch-free select); ``xput``, ``xget``, ``xdone``: a warp exchange of
 two values per lane (``xput(xb, w, lane, a, b)`` publishes, ``xget(xb, w, which, v, src)`` reads
@@ -152,6 +152,11 @@ if SIMULATED:
 
     def cp_wait2():
         pass
+
+    def cp_wait_group(n):
+        def wait():
+            pass
+        return wait
 
     def sel(c, a, b):
         return a if c else b
@@ -475,6 +480,10 @@ else:
     cp_wait0 = _asm0("cp.async.wait_group 0;")
     cp_wait1 = _asm0("cp.async.wait_group 1;")
     cp_wait2 = _asm0("cp.async.wait_group 2;")
+
+    def cp_wait_group(n):
+        """An intrinsic ``cp.async.wait_group n`` (n a Python int fixed when a kernel is built)."""
+        return _asm0(f"cp.async.wait_group {int(n)};")
 
     # ---- select, warp exchange ---------------------------------------------------------------
     @intrinsic

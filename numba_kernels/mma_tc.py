@@ -58,7 +58,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp_commit, cp_wait1, cp_wait2, ldg4u
+from .intrin import cp16, cp_commit, cp_wait1, cp_wait_group, ldg4u
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
@@ -101,6 +101,30 @@ def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
 
     return _SIG, codegen
+
+
+@intrinsic
+def ldsm4(typingctx, S, i):
+    """``ldmatrix.sync.aligned.m8n8.x4.shared.b16``: four 8 × 8 matrices of 16-bit elements from
+    shared memory, lane L giving the address of row L & 7 of matrix L >> 3 (16 bytes at flat
+    element ``i`` of the uint32 shared array ``S``, 16-byte aligned); returns this lane's word of
+    each matrix: row lane >> 2, elements 2 (lane & 3) and 2 (lane & 3) + 1 (an MMA fragment
+    register). Data movement only: the bits are the stored bits."""
+    sig = types.UniTuple(_U32, 4)(S, i)
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        data = context.make_array(signature.args[0])(context, builder, value=args[0]).data
+        idx = args[1] if args[1].type.width == 64 else builder.sext(args[1], i64)
+        p = builder.gep(data, [idx], inbounds=True)
+        a32 = builder.ptrtoint(builder.addrspacecast(p, ir.PointerType(p.type.pointee, 3)), i32)
+        fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+        asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                           "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+        res = builder.call(asm, [a32])
+        return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, k) for k in range(4)])
+
+    return sig, codegen
 
 
 @cuda.jit(device=True, inline=True)
@@ -404,19 +428,17 @@ W16_MIN_ROWS = 33  # from this many rows the packed-X GEMM; fewer: linear_mma_vd
 
 @cuda.jit
 def mma_pack_x_k(Xu, Xp, R):
-    """Xp[c·R + r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R and every copy c <
-    Xp.shape[0] / R (K % 8 == 0, rows aligned): one thread per 4 k of a row of a copy (one 16-byte
-    load, two words stored)."""
+    """Xp[r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R (K % 8 == 0, rows aligned):
+    one thread per 4 k (one 16-byte load, two words stored)."""
     K = Xu.shape[1]
     kq = K >> 2
     i = cuda.grid(1)
-    if i < Xp.shape[0] * kq:
-        row = i // kq
-        r = row % R
-        k = 4 * (i - row * kq)
+    if i < R * kq:
+        r = i // kq
+        k = 4 * (i - r * kq)
         x0, x1, x2, x3 = ldg4u(Xu, r * K + k, True)
-        Xp[row, k >> 1] = _pack(x0, x1)
-        Xp[row, (k >> 1) + 1] = _pack(x2, x3)
+        Xp[r, k >> 1] = _pack(x0, x1)
+        Xp[r, (k >> 1) + 1] = _pack(x2, x3)
 
 
 @cuda.jit(device=True, inline=True)
@@ -498,39 +520,54 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
 # bf16 first (mma_pack_x_k), then per warp 8 W rows × 16 X rows streamed through shared memory in
 # V16_STAGES stages of V16_KT k (three stages in flight while one is multiplied: 12 KB of W per
 # warp, enough to stream at copy speed with only N / 8 warps on the GPU); a row's 16-byte chunk c
-# sits at chunk c ^ (row & 7), so a fragment load (8 rows × 4 words) touches 32 banks. Rows of X
-# past R are not copied (garbage reaches only rows that are not stored). Up to 8 rows the kernel
-# built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are +0), so
-# a block takes 32 KB of shared memory, not 48.
-# Every warp reads the same X: Xp holds V16_COPIES copies of the packed rows (Xp.shape[0] / R of
-# them; the kernel reads copy blockIdx.x mod that), so that the thousands of warps of a large N
-# do not all read one few-hundred-byte stretch of one L2 slice at the same time.
+# sits at chunk c ^ (row & 7). The fragments come from shared memory by ldmatrix (ldsm4: four 8 × 8
+# matrices, i.e. the A or B registers of two MMA steps, in one instruction; its 8 rows of 16 bytes
+# per matrix sit in distinct banks by the swizzle): a step costs about two instructions besides
+# its MMA. (Scalar fragment loads with Numba's index arithmetic cost ~80 instructions a step and
+# left the kernel issue-bound at ~1.1 TB/s: tools/probe_vd.py, receipts/probes/README.md.) Rows
+# of X past R are not copied (garbage reaches only rows that are not stored). Up to 8 rows the
+# kernel built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are
+# +0), so a block takes 32 KB of shared memory, not 48.
 V16_KT = 256  # k per stage
-V16_STAGES = 4
-V16_COPIES = 1  # copies of packed X a GEMV reads (see above)
+V16_STAGES = {1: 4, 2: 4, 4: 4, 8: 4, 16: 4}  # stages by the X rows staged (≤ 48 KB of shared memory)
 
 
 def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
+    """The GEMV kernel staging xrows X rows (1, 2, 4, 8: up to that many rows; 16: up to 16) and a
+    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight)."""
+    assert xrows in (1, 2, 4, 8, 16) and stages >= 2 and kt % 256 == 0
     rows = xrows + 8  # X rows then W rows, per stage
     rw = kt // 2  # words per shared row
     words = stages * rows * rw
-    wait = cp_wait2 if stages == 4 else cp_wait1  # all but the newest stages - 2 groups
-    assert stages in (3, 4) and rw % 128 == 0
+    wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
+    xm = min(xrows, 8) - 1  # ldsm4's lane row lr reads X row lr & xm (rows past xrows: a copy, not stored)
 
     @cuda.jit(device=True, inline=True)
-    def issue(sm, Xp, Wp, st, kt_, x0, r0, o0, R, N, K2, lane):
-        """Stage st ← slice kt_: this lane's chunks of X rows r0.. (those < R; of the copy at row
-        x0) and of the warp's 8 W rows (those < N); chunks past K are not copied."""
+    def issue(sm, Xp, Wp, st, kt_, r0, o0, R, N, K2, lane):
+        """Stage st ← slice kt_: this lane's chunks of X rows r0.. (those < R) and of the warp's 8
+        W rows (those < N); chunks past K are not copied."""
         for h in range(rw // 128):
             kw = kt_ * rw + 128 * h + 4 * lane
             ch = 32 * h + lane  # 16-byte chunk in the row
             if kw < K2:
                 for r in range(xrows):
                     if r0 + r < R:
-                        cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, x0 + r0 + r, kw)
+                        cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, r0 + r, kw)
                 for r in range(8):
                     if o0 + r < N:
                         cp16(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, o0 + r, kw)
+
+    @cuda.jit(device=True, inline=True)
+    def step(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3, k0, K):
+        """One MMA step at k0 of a stage's last (part-filled) pair: not issued past K; its k 8..15
+        fed as +0 past K (K % 16 == 8: the shared words there were not copied)."""
+        if k0 < K:  # uniform
+            if k0 + 8 >= K:  # uniform
+                a2 = np.uint32(0)
+                a3 = np.uint32(0)
+                b1 = np.uint32(0)
+            d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+        return d0, d1, d2, d3
 
     @cuda.jit
     def linear_mma_vd_k(Xp, Wp, outu, R):
@@ -538,59 +575,78 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
         K = 2 * K2
         sm = cuda.shared.array(words, np.uint32, alignment=16)
         lane, g, q, o0, r0 = _gv_place()
-        x0 = (cuda.blockIdx.x % (Xp.shape[0] // R)) * R  # this block's copy of X
         two = xrows == 16 and r0 + 8 < R  # uniform: rows g + 8 are read
+        lr = lane & 7  # the row this lane addresses in ldsm4, of matrix (16-byte chunk) lane >> 3
+        lc = lane >> 3
+        lx = lr & xm  # the X row it addresses
         d0 = np.uint32(0)
         d1 = np.uint32(0)
         d2 = np.uint32(0)
         d3 = np.uint32(0)
+        z = np.uint32(0)
+        e1 = z
+        e3 = z
+        f1 = z
+        f3 = z
         nst = (K2 + rw - 1) // rw
         for p in range(stages - 1):
             if p < nst:
-                issue(sm, Xp, Wp, p, p, x0, r0, o0, R, N, K2, lane)
+                issue(sm, Xp, Wp, p, p, r0, o0, R, N, K2, lane)
             cp_commit()
         for st in range(nst):
             wait()  # every group but the newest stages - 2: slice st has landed
             syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
             if st + stages - 1 < nst:
-                issue(sm, Xp, Wp, (st + stages - 1) % stages, st + stages - 1, x0, r0, o0, R, N, K2, lane)
+                issue(sm, Xp, Wp, (st + stages - 1) % stages, st + stages - 1, r0, o0, R, N, K2, lane)
             cp_commit()
             base = (st % stages) * rows
-            xa = (base + g) * rw + q
-            xb = xa + 8 * rw
-            wb = (base + xrows + g) * rw + q
-            for j in range(kt // 16):
-                k0 = st * kt + 16 * j
-                if k0 < K:  # uniform
-                    hi = k0 + 8 < K  # uniform: the step's k 8..15 (K % 16 == 8: +0 in the last step)
-                    c0 = 4 * ((2 * j) ^ g)
-                    c1 = 4 * ((2 * j + 1) ^ g)
-                    a0 = sm[xa + c0]
-                    a2 = sm[xa + c1] if hi else np.uint32(0)
-                    a1 = np.uint32(0)
-                    a3 = np.uint32(0)
+            xa = (base + lx) * rw
+            wa = (base + xrows + lr) * rw
+            k0 = st * kt
+            # pairs of steps: chunks 4jj .. 4jj + 3 of the rows = (k 0-7, 8-15) of steps 2jj, 2jj + 1
+            if k0 + kt <= K:  # uniform: a whole stage, no step past K
+                for jj in range(kt // 32):
+                    e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
+                    b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
                     if two:
-                        a1 = sm[xb + c0]
-                        if hi:
-                            a3 = sm[xb + c1]
-                    b0 = sm[wb + c0]
-                    b1 = sm[wb + c1] if hi else np.uint32(0)
-                    d0, d1, d2, d3 = mma_bf16(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+                        e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+                    d0, d1, d2, d3 = mma_bf16(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3)
+                    d0, d1, d2, d3 = mma_bf16(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3)
+            else:
+                for jj in range(kt // 32):
+                    if k0 + 32 * jj < K:  # uniform
+                        e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
+                        b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
+                        if two:
+                            e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+                        d0, d1, d2, d3 = step(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3, k0 + 32 * jj, K)
+                        d0, d1, d2, d3 = step(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3, k0 + 32 * jj + 16, K)
         _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
 
     return linear_mma_vd_k
 
 
-linear_mma_vd8_k = _vd_kernel(8)
-linear_mma_vd8_k.py_func.__name__ = "linear_mma_vd8_k"  # its name in launch counts and profiles
-linear_mma_vd_k = _vd_kernel(16)
+def _vd_named(xrows):
+    k = _vd_kernel(xrows, V16_KT, V16_STAGES[xrows])
+    k.py_func.__name__ = k.py_func.__qualname__ = f"linear_mma_vd{xrows}_k"  # in launch counts and profiles
+    return k
 
 
-def _packed_x(X, R, K, copies=1):
-    """X's rows packed to bf16 pairs (mma_pack_x_k) into kernel-owned scratch: copies × R rows."""
-    n = copies * R * (K // 2)
-    Xp = scratch("linear_mma.xp", n, np.uint32)[:n].reshape(copies * R, K // 2)
-    launch(mma_pack_x_k, (copies * R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
+VD_KERNELS = {x: _vd_named(x) for x in (1, 2, 4, 8, 16)}  # by the X rows a block stages
+linear_mma_vd8_k = VD_KERNELS[8]
+linear_mma_vd_k = VD_KERNELS[16]
+
+
+def vd_rows(R):
+    """The X rows a GEMV block of R rows stages: R rounded up to 1, 2, 4, 8; past 8, 16 (per
+    16-row block)."""
+    return 16 if R > 8 else 1 << (R - 1).bit_length()
+
+
+def _packed_x(X, R, K):
+    """X's rows packed to bf16 pairs (mma_pack_x_k) into kernel-owned scratch."""
+    Xp = scratch("linear_mma.xp", R * (K // 2), np.uint32)[:R * (K // 2)].reshape(R, K // 2)
+    launch(mma_pack_x_k, (R * (K // 4) + 255) // 256, 256, X.view(np.uint32), Xp, R)
     return Xp
 
 
@@ -602,8 +658,8 @@ def _linear_w16(X, W, out, R):
         launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, _packed_x(X, R, K),
                W.view(np.uint32), out.view(np.uint32), R)
     elif vec:
-        launch(linear_mma_vd8_k if R <= 8 else linear_mma_vd_k, ((N + 7) // 8, (R + 15) // 16), 32,
-               _packed_x(X, R, K, V16_COPIES), W.view(np.uint32), out.view(np.uint32), R)
+        launch(VD_KERNELS[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
+               _packed_x(X, R, K), W.view(np.uint32), out.view(np.uint32), R)
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)
         wpb = 1 if tiles < TC_SPREAD_TILES else TC_WARPS

@@ -173,9 +173,9 @@ def _compile_all(recorded, only, ptxas):
 
     u2 = types.Array(types.uint32, 2, "C")
     for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemm_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_g16_k,
-                 mma_tc.linear_mma_vd_k, mma_tc.linear_mma_vd8_k):
-        if not only or kern.__name__ in only:
-            jobs.append((kern.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
+                 *mma_tc.VD_KERNELS.values()):
+        if not only or kern.py_func.__name__ in only:
+            jobs.append((kern.py_func.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
     h2 = types.Array(types.uint16, 2, "C")
     if not only or "linear_mma_tc_k_w16" in only:  # bf16-resident W, K % 8 != 0
         jobs.append(("linear_mma_tc_k_w16", mma_tc.linear_mma_tc_k.py_func, (u2, h2, u2, types.int64), {}))

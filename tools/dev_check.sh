@@ -6,7 +6,7 @@
 # SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, L2-cold, ~3-5 min;
 # bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
 # MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
-# the default matrix. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
+# the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
 # bitwise) and Nsight Compute's memory, occupancy and warp-state sections on its production kernel.
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
@@ -26,7 +26,7 @@ wait
 echo "parallel part $(( $(date +%s) - s )) s" >> "$out/jobs.txt"
 cat "$out/jobs.txt"; tail -n 3 "$out"/dc.log "$out/diff.txt" 2>/dev/null
 mode=${MODE:+--mode $MODE}
-python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $mode > "$out/profile.log" 2>&1
+[ "${PROFILE:-1}" = 1 ] && python tools/decode_profile.py --out "$out/profile.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $mode > "$out/profile.log" 2>&1
 echo "profile exit $?" >> "$out/jobs.txt"; cut -c1-1500 "$out/profile.log"
 if [ -n "${AB:-}" ]; then  # the same profile with other options (an A/B of one setting, e.g. --weights bf16)
   python tools/decode_profile.py --out "$out/profile-ab.json" --rows ${ROWS:-1,5} ${PROFILE_ARGS:---api-times} $AB \

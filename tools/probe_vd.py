@@ -2,10 +2,9 @@
 
     python tools/probe_vd.py --out DIR [--rows 1,4] [--ncu]
 
-The bf16-resident GEMV (``mma_tc.linear_mma_vd8_k`` / ``linear_mma_vd_k``: one warp per 8 W rows,
-the whole K chain of MMAs, ``cp.async`` stages) at the bench-8l decode shapes, in variants built
-by ``mma_tc._vd_kernel(xrows, kt, stages)`` and run with ``copies`` copies of packed X (the kernel
-reads copy ``blockIdx.x mod copies``). Every variant's output is compared bitwise with the
+The bf16-resident GEMV (``mma_tc.VD_KERNELS``: one warp per 8 W rows, the whole K chain of
+MMAs, ``cp.async`` stages, fragments by ``ldmatrix``) at the bench-8l decode shapes, in variants
+built by ``mma_tc._vd_kernel(xrows, kt, stages)`` (every stage count that fits 48 KB). Every variant's output is compared bitwise with the
 production configuration's (the same MMA chain in the same order: they must be equal), and the
 production one with the CPU twin on the first shape. Each time is the mean of a burst of launches
 queued behind a sleeping kernel (no launch gaps), each launch reading its own copy of W from a
@@ -31,10 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (name, K, N): bench-8l's decode GEMVs (the lm head last)
 SHAPES = [("gdn in", 2048, 12352), ("gdn out", 4096, 2048), ("mlp gate+up", 2048, 11264),
           ("mlp down", 5632, 2048), ("attn qkv", 2048, 9216), ("lm head", 2048, 151936)]
-# (kt, stages, copies); the first is production's (V16_KT, V16_STAGES, V16_COPIES)
-# (512 k in 4 stages would take 64 KB: past the 48 KB of static shared memory)
-VARIANTS = [(256, 4, 1), (256, 4, 8), (256, 4, 32), (256, 4, 128), (256, 3, 1), (256, 3, 32), (512, 3, 1),
-            (512, 3, 32)]
+# (kt, stages) tried, where the stages fit the 48 KB of static shared memory
+VARIANTS = [(256, 3), (256, 4), (256, 6), (256, 8), (256, 10), (512, 3), (512, 4)]
 RING_BYTES = 256 << 20
 BURST = 16
 
@@ -42,7 +39,7 @@ BURST = 16
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--rows", default="1,4")
+    ap.add_argument("--rows", default="1,4,5")
     ap.add_argument("--ncu", action="store_true")
     a = ap.parse_args()
     np.row_stack = getattr(np, "row_stack", np.vstack)
@@ -57,10 +54,6 @@ def main() -> int:
         for _ in range(n):
             cuda.nanosleep(1000)
 
-    prod = (mma_tc.V16_KT, mma_tc.V16_STAGES, mma_tc.V16_COPIES)
-    variants = [prod] + [v for v in VARIANTS if v != prod]
-    if a.ncu:
-        variants = [prod]
     kernels = {}
     rng = np.random.default_rng(0)
     rows, ok = [], True
@@ -74,15 +67,17 @@ def main() -> int:
             X = rng.standard_normal((R, K)).astype(np.float32)
             dX = cuda.to_device(X)
             ref = None
-            for kt, stages, copies in variants:
-                xrows = 8 if R <= 8 else 16
+            xrows = mma_tc.vd_rows(R)
+            prod = (mma_tc.V16_KT, mma_tc.V16_STAGES[xrows])
+            fits = [v for v in VARIANTS if v[1] * (xrows + 8) * v[0] * 2 <= 48 * 1024]
+            for kt, stages in [prod] + ([] if a.ncu else [v for v in fits if v != prod]):
                 key = (xrows, kt, stages)
                 if key not in kernels:
-                    kernels[key] = (mma_tc.linear_mma_vd8_k if xrows == 8 else mma_tc.linear_mma_vd_k) \
-                        if (kt, stages) == prod[:2] else mma_tc._vd_kernel(xrows, kt, stages)
+                    kernels[key] = mma_tc.VD_KERNELS[xrows] if (kt, stages) == prod else \
+                        mma_tc._vd_kernel(xrows, kt, stages)
                 kern = kernels[key]
-                Xp = cuda.device_array((copies * R, K // 2), np.uint32)
-                mma_tc.mma_pack_x_k[(copies * R * (K // 4) + 255) // 256, 256](dX.view(np.uint32), Xp, R)
+                Xp = cuda.device_array((R, K // 2), np.uint32)
+                mma_tc.mma_pack_x_k[(R * (K // 4) + 255) // 256, 256](dX.view(np.uint32), Xp, R)
                 out = cuda.device_array((R, N), np.float32)
                 grid = ((N + 7) // 8, (R + 15) // 16)
                 kern[grid, 32](Xp, ring[0].view(np.uint32), out.view(np.uint32), R)
@@ -112,11 +107,11 @@ def main() -> int:
                     e1.synchronize()
                     ts.append(cuda.event_elapsed_time(e0, e1) / 1e3 / BURST)
                 t = min(ts)
-                row = {"shape": name, "K": K, "N": N, "R": R, "kt": kt, "stages": stages, "copies": copies,
-                       "production": (kt, stages, copies) == prod, "bitwise_vs_production": same, "s": t,
+                row = {"shape": name, "K": K, "N": N, "R": R, "xrows": xrows, "kt": kt, "stages": stages,
+                       "production": (kt, stages) == prod, "bitwise_vs_production": same, "s": t,
                        "w_tb_s": 2 * N * K / t / 1e12}
                 rows.append(row)
-                print(f"{name:12s} K{K:5d} N{N:6d} R{R}: kt {kt} stages {stages} copies {copies:3d}: "
+                print(f"{name:12s} K{K:5d} N{N:6d} R{R}: kt {kt} stages {stages}: "
                       f"{t * 1e6:8.1f} us  {row['w_tb_s']:5.2f} TB/s  {'bitwise' if same else 'DIFFERS'}", flush=True)
         del ring
     if a.out:
@@ -124,7 +119,7 @@ def main() -> int:
         dev = cuda.get_current_device().name
         with open(os.path.join(a.out, "probe-vd.json"), "w") as f:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else str(dev),
-                       "commit": os.environ.get("PRIMEWALK_COMMIT"), "production": list(prod), "rows": rows,
+                       "commit": os.environ.get("PRIMEWALK_COMMIT"), "rows": rows,
                        "wall_s": time.perf_counter() - t_all}, f, indent=1)
     return 0 if ok else 1
 
