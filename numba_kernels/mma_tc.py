@@ -38,9 +38,10 @@ the MMA's rows, row), then the fp32 mode's ordered merge. ``attention_mma_gpu`` 
 GPU: split-KV, the packed kernel, or the one-block-per-(row, head) kernel.
 
 Weights resident as bf16 bits (uint16, the default on CUDA): ``linear_mma_g16_k`` (from
-``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``) and ``linear_mma_vd_k`` /
-``linear_mma_vd8_k`` (fewer rows: decode, verify, drafts) for K % 8 == 0, else
-``linear_mma_tc_k`` on element loads (see the comment above ``G16_M``).
+``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``) and the GEMV
+``VD_KERNELS[vd_rows(R)]`` (``linear_mma_vd{1,2,4,8,16}_k``, fewer rows: decode, verify, drafts;
+fragments by ``ldmatrix``) for K % 8 == 0, else ``linear_mma_tc_k`` on element loads (see the
+comments above ``G16_M`` and ``V16_KT``).
 
 ``harness device-check`` compares every kernel bitwise with the twin at every dispatch threshold;
 ``tools/probe_mma_gemm.py`` times the linear against torch bf16, ``tools/profile_prime_mma.py``
