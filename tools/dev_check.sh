@@ -2,12 +2,12 @@
 # A kernel-work check on the device machine (not the evidence): the named ops' device-check cases,
 # the default matrix on CUDA diffed with the golden CPU digests, then (alone on the GPU) the decode
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
-#   [OPS=add_rmsnorm,rmsnorm] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
+#   [OPS=add_rmsnorm,rmsnorm [DC_SHARDS=N]] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
 # SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, L2-cold, ~3-5 min;
 # bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
 # MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
 # the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
-# bitwise) and Nsight Compute's memory, occupancy and warp-state sections on its production kernel.
+# bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy and warp-state sections on its production kernel.
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
 set -uo pipefail
@@ -17,7 +17,17 @@ h="python -m harness.cli"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 s=$(date +%s)
-[ -n "${OPS:-}" ] && ( $h device-check --ops "$OPS" --out "$out/dc.json" > "$out/dc.log" 2>&1; echo "device-check exit $?" >> "$out/jobs.txt" ) &
+ops_check() {  # the OPS cases, in DC_SHARDS processes side by side (compiling is CPU-bound), merged
+  local n=${DC_SHARDS:-1} i
+  if [ "$n" = 1 ]; then $h device-check --ops "$OPS" --out "$out/dc.json" > "$out/dc.log" 2>&1; return; fi
+  for i in $(seq 0 $((n - 1))); do
+    $h device-check --ops "$OPS" --shard "$i/$n" --out "$out/dc-shard$i.json" > "$out/dc-shard$i.log" 2>&1 &
+  done
+  wait
+  cat "$out"/dc-shard*.log > "$out/dc.log"
+  $h device-check --merge "$out"/dc-shard*.json --out "$out/dc.json" >> "$out/dc.log" 2>&1 && rm -f "$out"/dc-shard*
+}
+[ -n "${OPS:-}" ] && ( ops_check; echo "device-check exit $?" >> "$out/jobs.txt" ) &
 [ "${MATRIX:-1}" = 1 ] && ( $h run-matrix --backend cuda --out "$out/default.json" --quiet --no-plots > "$out/default.log" 2>&1
   echo "default exit $?" >> "$out/jobs.txt"
   $h diff --digests-only receipts/golden/default.json "$out/default.json" > "$out/diff.txt" 2>&1
@@ -43,9 +53,9 @@ if [ "${SWEEP:-0}" = 1 ]; then
   echo "kernels exit $?" >> "$out/jobs.txt"; grep "^sweep" "$out/kernels.log"
 fi
 if [ "${VD:-0}" = 1 ]; then
-  python tools/probe_vd.py --out "$out" > "$out/probe-vd.log" 2>&1
+  python tools/probe_vd.py --out "$out" ${VD_ARGS:-} > "$out/probe-vd.log" 2>&1
   echo "probe-vd exit $?" >> "$out/jobs.txt"; cat "$out/probe-vd.log"
-  if command -v ncu > /dev/null; then
+  if [ "${NCU_VD:-1}" = 1 ] && command -v ncu > /dev/null; then
     ncu --clock-control none --kernel-name regex:linear_mma_vd --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --csv --page details \
       python tools/probe_vd.py --ncu --rows 1 > "$out/ncu-vd.csv" 2> "$out/ncu-vd.log"

@@ -12,7 +12,7 @@ ring larger than the L2 (as a decode step reads each layer's weights from HBM). 
 DIR/probe-vd.json and prints one line per (shape, rows, variant) with its TB/s of W.
 
 ``--ncu``: run each shape once with the production configuration only, no timing (for
-``ncu --kernel-name regex:linear_mma_vd ...``).
+``ncu --kernel-name regex:linear_mma_vd ...``); ``--production``: time that configuration only.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default="1,4,5")
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--production", action="store_true", help="time the production configuration only")
     a = ap.parse_args()
     np.row_stack = getattr(np, "row_stack", np.vstack)
     from numba import cuda
@@ -70,7 +71,7 @@ def main() -> int:
             xrows = mma_tc.vd_rows(R)
             prod = (mma_tc.V16_KT, mma_tc.V16_STAGES[xrows])
             fits = [v for v in VARIANTS if v[1] * (xrows + 8) * v[0] * 2 <= 48 * 1024]
-            for kt, stages in [prod] + ([] if a.ncu else [v for v in fits if v != prod]):
+            for kt, stages in [prod] + ([] if a.ncu or a.production else [v for v in fits if v != prod]):
                 key = (xrows, kt, stages)
                 if key not in kernels:
                     kernels[key] = mma_tc.VD_KERNELS[xrows] if (kt, stages) == prod else \
