@@ -111,6 +111,12 @@ def ldsm4(S, i):
     return _collective((S, i), compute)
 
 
+def any_sync(mask, pred):
+    """``__any_sync`` over the full warp (the kernels pass 0xFFFFFFFF)."""
+    assert mask == 0xFFFFFFFF
+    return _collective(bool(pred), lambda v: [any(v)] * 32)
+
+
 def ldg4u(A, off, p):
     """4 uint32 words at flat element ``off`` of ``A``, or zeros where not ``p``."""
     if not p:
@@ -176,6 +182,8 @@ def load():
 
     if not getattr(kernelapi.FakeCUDAShared.array, "_mma_sim", False):
         kernelapi.FakeCUDAShared.array = _shared_array
+    if not hasattr(kernelapi.FakeCUDAModule, "any_sync"):  # the warp vote, absent from the simulator
+        kernelapi.FakeCUDAModule.any_sync = lambda self, mask, pred: any_sync(mask, pred)
     cuda.jit = sim_jit
     try:
         from numba_kernels import mma_tc

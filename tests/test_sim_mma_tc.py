@@ -5,8 +5,9 @@ against the CPU twin.
 Python that computes the MMA by the twin's rule, so these cases check what only the device could
 check before: that every kernel hands each output the twin's chain -- the fragment layouts, the
 shared-memory swizzles, the ``cp.async`` stage ring, whole and part-filled stages and pairs of
-steps, rows and columns past the shapes, the split-KV tile and head-group mapping and the
-captured step's device-side position. (That the H200 computes the rule itself is ``harness
+steps, rows and columns past the shapes, the split-KV tile and head-group mapping, the packed
+attention's fragment order and its emulated tile for non-finite V, and the captured step's
+device-side position. (That the H200 computes the rule itself is ``harness
 mma-check`` on the recorded vectors.) The simulator runs a block's threads as Python threads, so
 the shapes are small; the cases run in one subprocess, the simulator being chosen before numba is
 imported.
@@ -56,12 +57,15 @@ SCRIPT = textwrap.dedent(r'''
         res.append({"case": f"linear R{R} K{K} N{N} ({kernel})", "same": same(out.copy_to_host(), want),
                     "s": round(time.perf_counter() - t, 1)})
 
-    def attention(R, hq, hkv, D, start, pos=False):
+    def attention(R, hq, hkv, D, start, pos=False, nonfinite=False):
         ctx = start + R
         cap = ctx + (40 if pos else 0)
         Q = rng.standard_normal((R, hq * D)).astype(np.float32)
         K = rng.standard_normal((cap, hkv * D)).astype(np.float32)
         V = rng.standard_normal((cap, hkv * D)).astype(np.float32)
+        if nonfinite:  # a NaN query, an ∞ key, V ±∞ and a value that rounds to a bf16 ∞ at keys
+            # some rows of a 16-row warp read and others do not (the packed kernel's emulated tile)
+            Q[3, 5], K[10, 2], V[7, 3], V[12, D - 1] = np.nan, np.inf, -np.inf, np.float32(3.4e38)
         if pos:  # the cache past the position is never read: NaN there must not reach the output
             K[ctx:] = np.nan
             V[ctx:] = np.nan
@@ -76,7 +80,8 @@ SCRIPT = textwrap.dedent(r'''
         else:
             mt.attention_mma_gpu(cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), out, start, R, hq, hkv,
                                  D, scale)
-        res.append({"case": f"attention R{R} Hq{hq} Hkv{hkv} D{D} p{start}{' @pos' if pos else ''}",
+        res.append({"case": f"attention R{R} Hq{hq} Hkv{hkv} D{D} p{start}{' @pos' if pos else ''}"
+                            f"{' nonfinite' if nonfinite else ''}",
                     "same": same(out.copy_to_host(), want), "s": round(time.perf_counter() - t, 1)})
 
     # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16): a whole stage then a
@@ -101,6 +106,11 @@ SCRIPT = textwrap.dedent(r'''
     attention(1, 4, 2, 16, 69)
     attention(3, 17, 1, 24, 60)
     attention(2, 4, 2, 16, 66, pos=True)
+    # past 16 rows the packed tensor-core attention: a second 16-row warp of one row, a query tile
+    # starting mid-tile; head_dim 12 (a last n-tile of 4 columns); non-finite inputs
+    attention(17, 2, 1, 16, 50)
+    attention(20, 3, 3, 12, 0)
+    attention(20, 2, 1, 16, 0, nonfinite=True)
     print("RESULT " + json.dumps(res))
 ''')
 
@@ -112,6 +122,6 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 12
+    assert len(res) == 15
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"
