@@ -60,10 +60,6 @@ def _collective(value, compute):
     return r
 
 
-def _bits(words, shift):
-    return np.array([(int(x) >> shift) & 0xFFFF for x in words], np.uint32)
-
-
 def _mma(slots):
     """One m16n8k16 bf16 MMA of the warp's fragments (PTX ISA layout: lane = 4g + q; A (row g, k 2q),
     (row g+8, k 2q), (row g, k 2q+8), (row g+8, k 2q+8); B (k 2q, col g), (k 2q+8, col g); C/D (row
@@ -119,13 +115,12 @@ def any_sync(mask, pred):
 
 def ldg4u(A, off, p):
     """4 uint32 words at flat element ``off`` of ``A``, or zeros where not ``p``."""
+    from numba_kernels.intrin import _flat  # the simulator branch's flat addressing
+
     if not p:
         z = np.uint32(0)
         return z, z, z, z
-    K = A.shape[len(A.shape) - 1]
-    off = int(off)
-    row = A[off // K] if len(A.shape) > 1 else A
-    c = off % K if len(A.shape) > 1 else off
+    row, c = _flat(A, off)
     return tuple(np.uint32(row[c + k]) for k in range(4))
 
 
