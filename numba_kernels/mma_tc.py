@@ -59,7 +59,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp_commit, cp_wait1, cp_wait_group, ldg4u
+from .intrin import cp16, cp_commit, cp_wait1, cp_wait_group, ldg4u, lds4, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
@@ -140,14 +140,22 @@ def _bf16(u):
 @cuda.jit(device=True, inline=True)
 def _pair(Xu, row, c, ok, d, D):
     """Xu[row, c] and Xu[row, c + 1] as a bf16 pair (an A or B fragment register): the elements
-    d and d + 1 of a length-D run; +0 where not ok or past D."""
-    lo = np.uint32(0)
-    hi = np.uint32(0)
-    if ok:
-        if d < D:
-            lo = _bf16(Xu[row, c])
-        if d + 1 < D:
-            hi = _bf16(Xu[row, c + 1])
+    d and d + 1 of a length-D run; +0 where not ok or past D. Both loads are issued whatever the
+    flags (from element (0, 0) where not ok, from the run's last element past D: addresses that
+    exist) and the +0 chosen after, by selects: no branch, so a kernel's loads issue together
+    instead of one latency after another."""
+    rr = row if ok else 0
+    cl = (c if d < D else c - d + D - 1) if ok else 0  # not ok: (row 0, column 0)
+    ch = c + 1 if ok and d + 1 < D else cl
+    return _word(Xu[rr, cl], Xu[rr, ch], ok and d < D, ok and d + 1 < D)
+
+
+@cuda.jit(device=True, inline=True)
+def _word(ulo, uhi, oklo, okhi):
+    """The bf16 pair of float32 bits ulo (low half) and uhi, each +0 where its flag is false (by
+    selects: the loads that produced them were issued whatever the flags)."""
+    lo = _bf16(ulo) if oklo else np.uint32(0)
+    hi = _bf16(uhi) if okhi else np.uint32(0)
     return lo | (hi << np.uint32(16))
 
 
@@ -530,14 +538,16 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
 # kernel built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are
 # +0), so a block takes 32 KB of shared memory, not 48.
 V16_KT = 256  # k per stage
-V16_STAGES = {1: 4, 2: 4, 4: 4, 8: 4, 16: 4}  # stages by the X rows staged (≤ 48 KB of shared memory)
+V16_STAGES = 4  # stages of the ring (every X row count: ≤ 48 KB of shared memory)
 
 
-def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
+def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
     """The GEMV kernel staging xrows X rows (1, 2, 4, 8: up to that many rows; 16: up to 16) and a
-    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight)."""
+    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight). fused: X comes as float32
+    (its uint32 view [R, K]) and each stage rounds its slice of X to bf16 pairs in shared memory
+    (no mma_pack_x_k launch); a stage then also holds the slice's float32 rows."""
     assert xrows in (1, 2, 4, 8, 16) and stages >= 2 and kt % 256 == 0
-    rows = xrows + 8  # X rows then W rows, per stage
+    rows = xrows + 8 + (2 * xrows if fused else 0)  # packed X rows, W rows, float32 X rows, per stage
     rw = kt // 2  # words per shared row
     words = stages * rows * rw
     wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
@@ -551,12 +561,45 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
             kw = kt_ * rw + 128 * h + 4 * lane
             ch = 32 * h + lane  # 16-byte chunk in the row
             if kw < K2:
-                for r in range(xrows):
-                    if r0 + r < R:
-                        cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, r0 + r, kw)
+                if not fused:
+                    for r in range(xrows):
+                        if r0 + r < R:
+                            cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, r0 + r, kw)
                 for r in range(8):
                     if o0 + r < N:
                         cp16(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, o0 + r, kw)
+        if fused:  # the slice's float32 X: 2 rw words a row, unswizzled (read once, linearly)
+            for h in range(2 * rw // 128):
+                kf = kt_ * kt + 128 * h + 4 * lane
+                if kf < 2 * K2:
+                    for r in range(xrows):
+                        if r0 + r < R:
+                            cp16(sm, (st * rows + xrows + 8 + 2 * r) * rw + 128 * h + 4 * lane, Xp, r0 + r, kf)
+
+    @cuda.jit(device=True, inline=True)
+    def pack(sm, st_buf, r0, R, lane):
+        """fused: stage buffer st_buf's float32 X rows (those < R) → its packed rows, bf16 pairs
+        rounded as mma_pack_x_k rounds them, 16-byte chunk j of row r at chunk j ^ (r & 7)."""
+        for r in range(xrows):
+            if r0 + r < R:
+                src = (st_buf * rows + xrows + 8 + 2 * r) * rw
+                dst = (st_buf * rows + r) * rw
+                for h in range(rw // 128):
+                    j = 32 * h + lane  # the packed chunk: floats 8j .. 8j + 7
+                    f0, f1, f2, f3 = lds4(sm, src + 8 * j)
+                    f4, f5, f6, f7 = lds4(sm, src + 8 * j + 4)
+                    sts4(sm, dst + 4 * (j ^ (r & 7)), _pack(f0, f1), _pack(f2, f3), _pack(f4, f5), _pack(f6, f7))
+
+    @cuda.jit(device=True, inline=True)
+    def frags(sm, xa, wa, jj, lc, lx, lr, two, e1, e3, f1, f3):
+        """Pair jj's fragments by ldmatrix (chunks 4jj .. 4jj + 3 of the rows: k 0-7, 8-15 of
+        steps 2jj, 2jj + 1): A registers (e0..e3 of the first step, f0..f3 of the second; rows
+        g + 8's e1, e3, f1, f3 only when two, else those passed in) and B (b0, b1; c0, c1)."""
+        e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
+        b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
+        if two:
+            e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+        return e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1
 
     @cuda.jit(device=True, inline=True)
     def step(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3, k0, K):
@@ -572,6 +615,7 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
 
     @cuda.jit
     def linear_mma_vd_k(Xp, Wp, outu, R):
+        """Xp: packed X [R, K/2] (fused: float32 X's uint32 view [R, K]); Wp bf16 W [N, K/2]."""
         N, K2 = Wp.shape
         K = 2 * K2
         sm = cuda.shared.array(words, np.uint32, alignment=16)
@@ -589,6 +633,10 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
         e3 = z
         f1 = z
         f3 = z
+        ne1 = z
+        ne3 = z
+        nf1 = z
+        nf3 = z
         nst = (K2 + rw - 1) // rw
         for p in range(stages - 1):
             if p < nst:
@@ -600,26 +648,32 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
             if st + stages - 1 < nst:
                 issue(sm, Xp, Wp, (st + stages - 1) % stages, st + stages - 1, r0, o0, R, N, K2, lane)
             cp_commit()
+            if fused:
+                pack(sm, st % stages, r0, R, lane)
+                syncwarp()  # the packed rows are written before any lane's ldmatrix
             base = (st % stages) * rows
             xa = (base + lx) * rw
             wa = (base + xrows + lr) * rw
             k0 = st * kt
             # pairs of steps: chunks 4jj .. 4jj + 3 of the rows = (k 0-7, 8-15) of steps 2jj, 2jj + 1
             if k0 + kt <= K:  # uniform: a whole stage, no step past K
+                # software-pipelined: pair jj + 1's fragments are loaded before pair jj's MMAs, so
+                # the ldmatrix latency overlaps the MMA chain instead of adding to it
+                ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(sm, xa, wa, 0, lc, lx, lr, two,
+                                                                                    ne1, ne3, nf1, nf3)
                 for jj in range(kt // 32):
-                    e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
-                    b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
-                    if two:
-                        e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+                    e0, e1, e2, e3, f0, f1, f2, f3 = ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3
+                    b0, b1, c0, c1 = nb0, nb1, nc0, nc1
+                    if jj + 1 < kt // 32:
+                        ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(
+                            sm, xa, wa, jj + 1, lc, lx, lr, two, ne1, ne3, nf1, nf3)
                     d0, d1, d2, d3 = mma_bf16(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3)
                     d0, d1, d2, d3 = mma_bf16(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3)
             else:
                 for jj in range(kt // 32):
                     if k0 + 32 * jj < K:  # uniform
-                        e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
-                        b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
-                        if two:
-                            e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+                        e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1 = frags(sm, xa, wa, jj, lc, lx, lr, two,
+                                                                               e1, e3, f1, f3)
                         d0, d1, d2, d3 = step(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3, k0 + 32 * jj, K)
                         d0, d1, d2, d3 = step(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3, k0 + 32 * jj + 16, K)
         _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
@@ -627,13 +681,24 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
     return linear_mma_vd_k
 
 
-def _vd_named(xrows):
-    k = _vd_kernel(xrows, V16_KT, V16_STAGES[xrows])
-    k.py_func.__name__ = k.py_func.__qualname__ = f"linear_mma_vd{xrows}_k"  # in launch counts and profiles
+def _vd_named(xrows, fused=False):
+    k = _vd_kernel(xrows, V16_KT, V16_STAGES, fused)
+    name = f"linear_mma_vd{xrows}{'f' if fused else ''}_k"
+    k.py_func.__name__ = k.py_func.__qualname__ = name  # in launch counts and profiles
     return k
 
 
-VD_KERNELS = {x: _vd_named(x) for x in (1, 2, 4, 8, 16)}  # by the X rows a block stages
+# The GEMV packing X itself (fused: no mma_pack_x_k launch) serves one row on at most
+# VD_FUSED_MAX_N outputs. Measured on the H200 (tools/probe_vd.py, receipts/probes/README.md): at
+# one row and 2,048 outputs it saves the pack launch (~2.5 µs) and costs ~0.5 µs; on 9,216 and more
+# outputs its larger stage (the float32 rows: 22.5 KB a block, not 18) takes warps off the SMs
+# and costs more than the launch; at four rows (40 KB a block) and the packing's four rows a stage
+# it took twice the time of packing first.
+VD_FUSED_MAX_ROWS = 1
+VD_FUSED_MAX_N = 4096
+# by the X rows a block stages: the kernel on packed X, and (up to VD_FUSED_MAX_ROWS) on float32 X
+VD_KERNELS = {x: _vd_named(x) for x in (1, 2, 4, 8, 16)}
+VD_FUSED = {x: _vd_named(x, True) for x in (1, 2, 4, 8, 16) if x <= VD_FUSED_MAX_ROWS}
 linear_mma_vd8_k = VD_KERNELS[8]
 linear_mma_vd_k = VD_KERNELS[16]
 
@@ -658,6 +723,9 @@ def _linear_w16(X, W, out, R):
     if vec and R >= W16_MIN_ROWS:
         launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, _packed_x(X, R, K),
                W.view(np.uint32), out.view(np.uint32), R)
+    elif vec and vd_rows(R) <= VD_FUSED_MAX_ROWS and N <= VD_FUSED_MAX_N:  # decode's narrow GEMVs: no pack launch
+        launch(VD_FUSED[vd_rows(R)], ((N + 7) // 8, 1), 32, X.view(np.uint32), W.view(np.uint32),
+               out.view(np.uint32), R)
     elif vec:
         launch(VD_KERNELS[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
                _packed_x(X, R, K), W.view(np.uint32), out.view(np.uint32), R)
@@ -1043,14 +1111,21 @@ def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
 # SK_WARPS warps per (tile, KV head, group of up to 16 of its query heads, row): the group's heads
 # are the 16 rows of the MMA's A (GQA: they share the tile's K and V, read once from the float32
 # cache and rounded to bf16 as they are loaded; rows past the group's heads are +0).
-# - QKᵀ: warp w takes keys 16w … 16w+15 (two n-tiles), each key's chain over head_dim in steps of
-#   16 from +0, dims past head_dim +0 in Q and K (a zero product: no term);
+# - QKᵀ: warp w takes keys 8w … 8w+7 (one n-tile), each key's chain over head_dim in steps of 16
+#   from +0, dims past head_dim +0 in Q and K (a zero product: no term), the fragments of
+#   SK_QK_STEPS steps loaded before their MMAs;
 # - scores ×scale into shared memory; the row max, p = exp32(s − mt) and Σp in key order (the
 #   twin's tile_stats_mma, one thread per head row);
-# - P·V: warp w takes the n-tiles u ≡ w (mod SK_WARPS) of 8 columns, each column's chain over the
-#   tile's ceil(n / 16) key steps from +0; keys past the row's position have P = +0 and V masked to
-#   +0 (every head row of a block reads the same keys: no key is read by one row and not another).
-SK_WARPS = 4
+# - P·V: warp w takes the n-tiles u ≡ w (mod SK_WARPS) of 8 columns, two at a time (their V loads
+#   issued together), each column's chain over the tile's ceil(n / 16) key steps from +0; keys past
+#   the row's position have P = +0 and V masked to +0 (every head row of a block reads the same
+#   keys: no key is read by one row and not another).
+# Before the grouped loads (two n-tiles of QKᵀ a warp, four warps, a step's loads then its MMAs)
+# the kernel ran one memory latency per step: 66 µs a call at ~700 keys on the H200 (Nsight
+# Compute, receipts/probes/README.md).
+SK_WARPS = ATT_TILE // 8  # a warp per 8-key n-tile of QKᵀ
+SK_QK_STEPS = 4  # QKᵀ steps whose fragments are loaded together
+_SK_FR = 6 * SK_QK_STEPS  # their words a lane
 
 
 @cuda.jit
@@ -1079,40 +1154,35 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
     va = h0 + g < rep
     vb = h0 + g + 8 < rep
     ko = kvh * D
-    # 1. S = QKᵀ for keys 16w … 16w + 15 (uniform: a warp whose keys are all past n skips it)
-    if 16 * w < n:
+    # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it), the
+    # fragments of SK_QK_STEPS steps loaded together before their MMAs (one memory latency a
+    # group, not a step; loads past head_dim come from clamped addresses and are +0)
+    if 8 * w < n:
         s0 = np.uint32(0)
         s1 = np.uint32(0)
         s2 = np.uint32(0)
         s3 = np.uint32(0)
-        s4 = np.uint32(0)
-        s5 = np.uint32(0)
-        s6 = np.uint32(0)
-        s7 = np.uint32(0)
-        key0 = k0 + 16 * w + g
-        key1 = key0 + 8
-        for st in range(0, D, 16):
-            d0 = st + 2 * q
-            d2 = d0 + 8
-            a0 = _pair(Qu, r, qa + d0, va, d0, D)
-            a1 = _pair(Qu, r, qb + d0, vb, d0, D)
-            a2 = _pair(Qu, r, qa + d2, va, d2, D)
-            a3 = _pair(Qu, r, qb + d2, vb, d2, D)
-            b00 = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
-            b01 = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
-            b10 = _pair(Ku, key1, ko + d0, key1 < cap, d0, D)
-            b11 = _pair(Ku, key1, ko + d2, key1 < cap, d2, D)
-            s0, s1, s2, s3 = mma_bf16(a0, a1, a2, a3, b00, b01, s0, s1, s2, s3)
-            s4, s5, s6, s7 = mma_bf16(a0, a1, a2, a3, b10, b11, s4, s5, s6, s7)
-        j = 16 * w + 2 * q
+        key0 = k0 + 8 * w + g
+        fr = cuda.local.array(_SK_FR, np.uint32)
+        for st0 in range(0, D, 16 * SK_QK_STEPS):
+            for i in range(SK_QK_STEPS):
+                d0 = st0 + 16 * i + 2 * q
+                d2 = d0 + 8
+                fr[6 * i] = _pair(Qu, r, qa + d0, va, d0, D)
+                fr[6 * i + 1] = _pair(Qu, r, qb + d0, vb, d0, D)
+                fr[6 * i + 2] = _pair(Qu, r, qa + d2, va, d2, D)
+                fr[6 * i + 3] = _pair(Qu, r, qb + d2, vb, d2, D)
+                fr[6 * i + 4] = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
+                fr[6 * i + 5] = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
+            for i in range(SK_QK_STEPS):
+                if st0 + 16 * i < D:  # uniform: no step past head_dim
+                    s0, s1, s2, s3 = mma_bf16(fr[6 * i], fr[6 * i + 1], fr[6 * i + 2], fr[6 * i + 3],
+                                              fr[6 * i + 4], fr[6 * i + 5], s0, s1, s2, s3)
+        j = 8 * w + 2 * q
         sS[g, j] = fmul(_u2f(s0), scale)
         sS[g, j + 1] = fmul(_u2f(s1), scale)
         sS[g + 8, j] = fmul(_u2f(s2), scale)
         sS[g + 8, j + 1] = fmul(_u2f(s3), scale)
-        sS[g, j + 8] = fmul(_u2f(s4), scale)
-        sS[g, j + 9] = fmul(_u2f(s5), scale)
-        sS[g + 8, j + 8] = fmul(_u2f(s6), scale)
-        sS[g + 8, j + 9] = fmul(_u2f(s7), scale)
     cuda.syncthreads()
     # 2. each head row's tile max, in key order
     if tid < 16:
@@ -1147,41 +1217,45 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
     klim = k0 + n
     kq = k0 + 2 * q
     vga = r * hq + kvh * rep + h0 + g
-    for u in range(w, (D + 7) >> 3, SK_WARPS):
-        col = 8 * u + g  # this lane's B column
-        c0 = np.uint32(0)
-        c1 = np.uint32(0)
-        c2 = np.uint32(0)
-        c3 = np.uint32(0)
-        for s4 in range(4):
-            if s4 < nsteps:  # uniform
-                c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
-                                          _vpair(Vu, kq + 16 * s4, ko, col, klim, D),
-                                          _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D), c0, c1, c2, c3)
-        cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
-        if va:
-            if cc < D:
-                A[vga, t, cc] = _u2f(c0)
-            if cc + 1 < D:
-                A[vga, t, cc + 1] = _u2f(c1)
-        if vb:
-            if cc < D:
-                A[vga + 8, t, cc] = _u2f(c2)
-            if cc + 1 < D:
-                A[vga + 8, t, cc + 1] = _u2f(c3)
+    nt = (D + 7) >> 3
+    vf = cuda.local.array(16, np.uint32)  # two n-tiles' V words: [8e + 2s4 + hh]
+    for u0 in range(w, nt, 2 * SK_WARPS):  # n-tiles u0 and u0 + SK_WARPS: their 16 loads issued together
+        for e in range(2):
+            col = 8 * (u0 + e * SK_WARPS) + g  # this lane's B column (past D: clamped, +0)
+            for s4 in range(4):
+                vf[8 * e + 2 * s4] = _vpair(Vu, kq + 16 * s4, ko, col, klim, D)
+                vf[8 * e + 2 * s4 + 1] = _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D)
+        for e in range(2):
+            u = u0 + e * SK_WARPS
+            if u < nt:  # uniform
+                c0 = np.uint32(0)
+                c1 = np.uint32(0)
+                c2 = np.uint32(0)
+                c3 = np.uint32(0)
+                for s4 in range(4):
+                    if s4 < nsteps:  # uniform
+                        c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
+                                                  vf[8 * e + 2 * s4], vf[8 * e + 2 * s4 + 1], c0, c1, c2, c3)
+                cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
+                if va:
+                    if cc < D:
+                        A[vga, t, cc] = _u2f(c0)
+                    if cc + 1 < D:
+                        A[vga, t, cc + 1] = _u2f(c1)
+                if vb:
+                    if cc < D:
+                        A[vga + 8, t, cc] = _u2f(c2)
+                    if cc + 1 < D:
+                        A[vga + 8, t, cc + 1] = _u2f(c3)
 
 
 @cuda.jit(device=True, inline=True)
 def _vpair(Vu, key, ko, col, klim, D):
-    """B word of V: keys key, key + 1 of column col, bf16; +0 for keys ≥ klim or col ≥ D."""
-    lo = np.uint32(0)
-    hi = np.uint32(0)
-    if col < D:
-        if key < klim:
-            lo = _bf16(Vu[key, ko + col])
-        if key + 1 < klim:
-            hi = _bf16(Vu[key + 1, ko + col])
-    return lo | (hi << np.uint32(16))
+    """B word of V: keys key, key + 1 of column col, bf16; +0 for keys ≥ klim or col ≥ D (loads
+    from clamped addresses, the +0 by selects: as _pair)."""
+    cc = ko + min(col, D - 1)
+    return _word(Vu[min(key, klim - 1), cc], Vu[min(key + 1, klim - 1), cc], col < D and key < klim,
+                 col < D and key + 1 < klim)
 
 
 def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):

@@ -84,13 +84,17 @@ SCRIPT = textwrap.dedent(r'''
                             f"{' nonfinite' if nonfinite else ''}",
                     "same": same(out.copy_to_host(), want), "s": round(time.perf_counter() - t, 1)})
 
-    # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16): a whole stage then a
+    # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16; one row on few outputs
+    # also the kernel packing X itself, vd1f): a whole stage then a
     # last step of 8 terms (264); four stages of the ring and a fifth that reuses the first, then a
     # last pair of one step (1288); only the tail path (40: two steps and 8 terms; 24; 16); rows
     # past R in a staged block (3 of 4, 6 of 8); a second 16-row block of one row (17) and a
     # whole one (12: rows g + 8 read); N not a multiple of 8 (9, 17)
+    linear(1, 264, 9, "vd1f")
+    linear(1, 1288, 8, "vd1f")
+    mt.VD_FUSED_MAX_N = 8  # one row past it: X packed first, then the kernel on packed X
     linear(1, 264, 9, "vd1")
-    linear(1, 1288, 8, "vd1")
+    mt.VD_FUSED_MAX_N = 4096
     linear(2, 40, 17, "vd2")
     linear(3, 264, 9, "vd4")
     linear(6, 40, 8, "vd8")
@@ -106,6 +110,9 @@ SCRIPT = textwrap.dedent(r'''
     attention(1, 4, 2, 16, 69)
     attention(3, 17, 1, 24, 60)
     attention(2, 4, 2, 16, 66, pos=True)
+    # head_dim 144: QKᵀ's grouped loads over three groups of steps, the last part-filled; P·V's
+    # 18 n-tiles, two a time per warp, the second of a pair past head_dim
+    attention(1, 2, 1, 144, 70)
     # past 16 rows the packed tensor-core attention: a second 16-row warp of one row, a query tile
     # starting mid-tile; head_dim 12 (a last n-tile of 4 columns); non-finite inputs
     attention(17, 2, 1, 16, 50)
@@ -122,6 +129,6 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 15
+    assert len(res) == 17
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"

@@ -17,15 +17,8 @@ h="python -m harness.cli"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 s=$(date +%s)
-ops_check() {  # the OPS cases, in DC_SHARDS processes side by side (compiling is CPU-bound), merged
-  local n=${DC_SHARDS:-1} i
-  if [ "$n" = 1 ]; then $h device-check --ops "$OPS" --out "$out/dc.json" > "$out/dc.log" 2>&1; return; fi
-  for i in $(seq 0 $((n - 1))); do
-    $h device-check --ops "$OPS" --shard "$i/$n" --out "$out/dc-shard$i.json" > "$out/dc-shard$i.log" 2>&1 &
-  done
-  wait
-  cat "$out"/dc-shard*.log > "$out/dc.log"
-  $h device-check --merge "$out"/dc-shard*.json --out "$out/dc.json" >> "$out/dc.log" 2>&1 && rm -f "$out"/dc-shard*
+ops_check() {  # the OPS cases, in DC_SHARDS processes side by side, merged (tools/dc_shards.sh)
+  T=${T_CHECK:-480} bash tools/dc_shards.sh "$out" "$out/dc.json" "${DC_SHARDS:-1}" --ops "$OPS" > "$out/dc.log" 2>&1
 }
 [ -n "${OPS:-}" ] && ( ops_check; echo "device-check exit $?" >> "$out/jobs.txt" ) &
 [ "${MATRIX:-1}" = 1 ] && ( $h run-matrix --backend cuda --out "$out/default.json" --quiet --no-plots > "$out/default.log" 2>&1

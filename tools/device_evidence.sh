@@ -37,17 +37,7 @@ own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its token
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
-dc_shards() {  # device-check as DC_SHARDS processes side by side (compiling is CPU-bound), then merged
-  local n=${DC_SHARDS:-3} i pids=() rc=0
-  for ((i = 0; i < n; i++)); do
-    timeout "$T" $h device-check --shard "$i/$n" --out "$res/dc-shard$i.json" > "$res/device-check-shard$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i" || rc=1; done
-  cat "$res"/device-check-shard*.log  # every case's line in device-check.log (the job's log), then the verdict
-  $h device-check --merge "$res"/dc-shard*.json --out "$res/h200-device-check.json" && rm -f "$res"/dc-shard*.json
-  [ $rc = 0 ]
-}
+dc_shards() { bash tools/dc_shards.sh "$res" "$res/h200-device-check.json" "${DC_SHARDS:-3}"; }
 T=${T_CHECK:-480} job device-check dc_shards
 T=380 job device-walker $h device-walker --out "$res/h200-walker.json"
 job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
