@@ -59,7 +59,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp_commit, cp_wait1, cp_wait_group, ldg4u, lds4, sts4
+from .intrin import cp16, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, lds4, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
@@ -533,8 +533,12 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
 # matrices, i.e. the A or B registers of two MMA steps, in one instruction; its 8 rows of 16 bytes
 # per matrix sit in distinct banks by the swizzle): a step costs about two instructions besides
 # its MMA. (Scalar fragment loads with Numba's index arithmetic cost ~80 instructions a step and
-# left the kernel issue-bound at ~1.1 TB/s: tools/probe_vd.py, receipts/probes/README.md.) Rows
-# of X past R are not copied (garbage reaches only rows that are not stored). Up to 8 rows the
+# left the kernel issue-bound at ~1.1 TB/s: tools/probe_vd.py, receipts/probes/README.md.) The
+# copies of a stage are one cp.async a row from offsets computed once, no branch a row: rows of X
+# past R and of W past N are copies of the last row (they reach only outputs that are not stored).
+# (With a branch and Numba's 64-bit index arithmetic a row, a stage's copies cost ~170 PTX
+# instructions, the stage's 16 MMA steps ~100: 86 cycles a step at 4.2 cycles an instruction on
+# the 2,048-output shapes, Nsight Compute at b7fc84c.) Up to 8 rows the
 # kernel built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are
 # +0), so a block takes 32 KB of shared memory, not 48.
 V16_KT = 256  # k per stage
@@ -554,27 +558,26 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
     xm = min(xrows, 8) - 1  # ldsm4's lane row lr reads X row lr & xm (rows past xrows: a copy, not stored)
 
     @cuda.jit(device=True, inline=True)
-    def issue(sm, Xp, Wp, st, kt_, r0, o0, R, N, K2, lane):
-        """Stage st ← slice kt_: this lane's chunks of X rows r0.. (those < R) and of the warp's 8
-        W rows (those < N); chunks past K are not copied."""
+    def issue(sm, Xp, Wp, st, kt_, xoff, woff, K2, XW, lane):
+        """Stage st ← slice kt_: this lane's 16-byte chunks of the block's X rows and of the warp's
+        8 W rows (flat offsets of the rows' starts xoff, woff: rows past R or N clamped to the last
+        one, whose copy reaches only outputs that are not stored; no branch a row), chunks past K
+        not copied. XW: X's row length in words (fused: float32 X, 2 K2)."""
         for h in range(rw // 128):
             kw = kt_ * rw + 128 * h + 4 * lane
             ch = 32 * h + lane  # 16-byte chunk in the row
             if kw < K2:
                 if not fused:
                     for r in range(xrows):
-                        if r0 + r < R:
-                            cp16(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, r0 + r, kw)
+                        cp16f(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, xoff[r] + kw, XW)
                 for r in range(8):
-                    if o0 + r < N:
-                        cp16(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, o0 + r, kw)
+                    cp16f(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, woff[r] + kw, K2)
         if fused:  # the slice's float32 X: 2 rw words a row, unswizzled (read once, linearly)
             for h in range(2 * rw // 128):
                 kf = kt_ * kt + 128 * h + 4 * lane
-                if kf < 2 * K2:
+                if kf < XW:
                     for r in range(xrows):
-                        if r0 + r < R:
-                            cp16(sm, (st * rows + xrows + 8 + 2 * r) * rw + 128 * h + 4 * lane, Xp, r0 + r, kf)
+                        cp16f(sm, (st * rows + xrows + 8 + 2 * r) * rw + 128 * h + 4 * lane, Xp, xoff[r] + kf, XW)
 
     @cuda.jit(device=True, inline=True)
     def pack(sm, st_buf, r0, R, lane):
@@ -637,21 +640,32 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
         ne3 = z
         nf1 = z
         nf3 = z
+        XW = Xp.shape[1]
+        xoff = cuda.local.array(xrows, np.int64)  # the rows' flat offsets, computed once
+        woff = cuda.local.array(8, np.int64)
+        for r in range(xrows):
+            xoff[r] = min(r0 + r, R - 1) * XW
+        for r in range(8):
+            woff[r] = min(o0 + r, N - 1) * K2
         nst = (K2 + rw - 1) // rw
         for p in range(stages - 1):
             if p < nst:
-                issue(sm, Xp, Wp, p, p, r0, o0, R, N, K2, lane)
+                issue(sm, Xp, Wp, p, p, xoff, woff, K2, XW, lane)
             cp_commit()
+        cb = 0  # the buffer of slice st (st % stages) and of slice st + stages - 1, kept as counters
+        ib = stages - 1
         for st in range(nst):
             wait()  # every group but the newest stages - 2: slice st has landed
             syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
             if st + stages - 1 < nst:
-                issue(sm, Xp, Wp, (st + stages - 1) % stages, st + stages - 1, r0, o0, R, N, K2, lane)
+                issue(sm, Xp, Wp, ib, st + stages - 1, xoff, woff, K2, XW, lane)
             cp_commit()
             if fused:
-                pack(sm, st % stages, r0, R, lane)
+                pack(sm, cb, r0, R, lane)
                 syncwarp()  # the packed rows are written before any lane's ldmatrix
-            base = (st % stages) * rows
+            base = cb * rows
+            cb = cb + 1 if cb + 1 < stages else 0
+            ib = ib + 1 if ib + 1 < stages else 0
             xa = (base + lx) * rw
             wa = (base + xrows + lr) * rw
             k0 = st * kt
