@@ -594,14 +594,18 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
                     sts4(sm, dst + 4 * (j ^ (r & 7)), _pack(f0, f1), _pack(f2, f3), _pack(f4, f5), _pack(f6, f7))
 
     @cuda.jit(device=True, inline=True)
-    def frags(sm, xa, wa, jj, lc, lx, lr, two, e1, e3, f1, f3):
+    def frags(sm, xe, xo, we, wo, jj, two, e1, e3, f1, f3):
         """Pair jj's fragments by ldmatrix (chunks 4jj .. 4jj + 3 of the rows: k 0-7, 8-15 of
         steps 2jj, 2jj + 1): A registers (e0..e3 of the first step, f0..f3 of the second; rows
-        g + 8's e1, e3, f1, f3 only when two, else those passed in) and B (b0, b1; c0, c1)."""
-        e0, e2, f0, f2 = ldsm4(sm, xa + 4 * ((4 * jj + lc) ^ lx))
-        b0, b1, c0, c1 = ldsm4(sm, wa + 4 * ((4 * jj + lc) ^ lr))
+        g + 8's e1, e3, f1, f3 only when two, else those passed in) and B (b0, b1; c0, c1).
+        The lane's swizzled chunk (4jj + lc) ^ l (l < 8, lc < 4) is 4 (jj ± (l >> 2)) +
+        ((lc ^ l) & 3), + for even jj: xe, xo (we, wo) are the row's word addresses with the
+        lane's part for even and odd jj, so that a constant jj adds a constant."""
+        xa = (xe if jj % 2 == 0 else xo) + 16 * jj
+        e0, e2, f0, f2 = ldsm4(sm, xa)
+        b0, b1, c0, c1 = ldsm4(sm, (we if jj % 2 == 0 else wo) + 16 * jj)
         if two:
-            e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw + 4 * ((4 * jj + lc) ^ lx))
+            e1, e3, f1, f3 = ldsm4(sm, xa + 8 * rw)
         return e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1
 
     @cuda.jit(device=True, inline=True)
@@ -627,6 +631,10 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
         lr = lane & 7  # the row this lane addresses in ldsm4, of matrix (16-byte chunk) lane >> 3
         lc = lane >> 3
         lx = lr & xm  # the X row it addresses
+        lxe = lx * rw + 4 * ((lc ^ lx) & 3) + 16 * (lx >> 2)  # its word in a buffer, even / odd pairs (frags)
+        lxo = lx * rw + 4 * ((lc ^ lx) & 3) - 16 * (lx >> 2)
+        lwe = (xrows + lr) * rw + 4 * ((lc ^ lr) & 3) + 16 * (lr >> 2)
+        lwo = (xrows + lr) * rw + 4 * ((lc ^ lr) & 3) - 16 * (lr >> 2)
         d0 = np.uint32(0)
         d1 = np.uint32(0)
         d2 = np.uint32(0)
@@ -666,27 +674,29 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
             base = cb * rows
             cb = cb + 1 if cb + 1 < stages else 0
             ib = ib + 1 if ib + 1 < stages else 0
-            xa = (base + lx) * rw
-            wa = (base + xrows + lr) * rw
+            xe = base * rw + lxe  # the lane's ldmatrix addresses in this buffer (frags)
+            xo = base * rw + lxo
+            we = base * rw + lwe
+            wo = base * rw + lwo
             k0 = st * kt
             # pairs of steps: chunks 4jj .. 4jj + 3 of the rows = (k 0-7, 8-15) of steps 2jj, 2jj + 1
             if k0 + kt <= K:  # uniform: a whole stage, no step past K
                 # software-pipelined: pair jj + 1's fragments are loaded before pair jj's MMAs, so
                 # the ldmatrix latency overlaps the MMA chain instead of adding to it
-                ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(sm, xa, wa, 0, lc, lx, lr, two,
+                ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(sm, xe, xo, we, wo, 0, two,
                                                                                     ne1, ne3, nf1, nf3)
                 for jj in range(kt // 32):
                     e0, e1, e2, e3, f0, f1, f2, f3 = ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3
                     b0, b1, c0, c1 = nb0, nb1, nc0, nc1
                     if jj + 1 < kt // 32:
                         ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(
-                            sm, xa, wa, jj + 1, lc, lx, lr, two, ne1, ne3, nf1, nf3)
+                            sm, xe, xo, we, wo, jj + 1, two, ne1, ne3, nf1, nf3)
                     d0, d1, d2, d3 = mma_bf16(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3)
                     d0, d1, d2, d3 = mma_bf16(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3)
             else:
                 for jj in range(kt // 32):
                     if k0 + 32 * jj < K:  # uniform
-                        e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1 = frags(sm, xa, wa, jj, lc, lx, lr, two,
+                        e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1 = frags(sm, xe, xo, we, wo, jj, two,
                                                                                e1, e3, f1, f3)
                         d0, d1, d2, d3 = step(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3, k0 + 32 * jj, K)
                         d0, d1, d2, d3 = step(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3, k0 + 32 * jj + 16, K)
