@@ -719,7 +719,7 @@ def _vd_named(xrows, fused=False):
 # and costs more than the launch; at four rows (40 KB a block) and the packing's four rows a stage
 # it took twice the time of packing first.
 VD_FUSED_MAX_ROWS = 1
-VD_FUSED_MAX_N = 4096
+VD_FUSED_MAX_N = 0  # off: at 0c4d8ad+ the packing launch and the leaner GEMV beat it on every decode shape but one
 # by the X rows a block stages: the kernel on packed X, and (up to VD_FUSED_MAX_ROWS) on float32 X
 VD_KERNELS = {x: _vd_named(x) for x in (1, 2, 4, 8, 16)}
 VD_FUSED = {x: _vd_named(x, True) for x in (1, 2, 4, 8, 16) if x <= VD_FUSED_MAX_ROWS}
