@@ -90,11 +90,12 @@ SCRIPT = textwrap.dedent(r'''
     # last pair of one step (1288); only the tail path (40: two steps and 8 terms; 24; 16); rows
     # past R in a staged block (3 of 4, 6 of 8); a second 16-row block of one row (17) and a
     # whole one (12: rows g + 8 read); N not a multiple of 8 (9, 17)
+    mt.VD_FUSED_MAX_N = 4096  # the X-packing GEMV (off by default: VD_FUSED_MAX_N = 0) on these
     linear(1, 264, 9, "vd1f")
     linear(1, 1288, 8, "vd1f")
     mt.VD_FUSED_MAX_N = 8  # one row past it: X packed first, then the kernel on packed X
     linear(1, 264, 9, "vd1")
-    mt.VD_FUSED_MAX_N = 4096
+    mt.VD_FUSED_MAX_N = 0
     linear(2, 40, 17, "vd2")
     linear(3, 264, 9, "vd4")
     linear(6, 40, 8, "vd8")
