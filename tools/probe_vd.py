@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,4,5")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--production", action="store_true", help="time the production configuration only")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all), e.g. 'gdn out,mlp down'")
     ap.add_argument("--fusion", action="store_true",
                     help="at one row also time the GEMV packing X itself against mma_pack_x_k then the GEMV")
     a = ap.parse_args()
@@ -81,7 +82,13 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows, ok = [], True
     t_all = time.perf_counter()
+    pick = [x.strip() for x in a.shapes.split(",") if x.strip()]
+    unknown = [x for x in pick if x not in [sh[0] for sh in SHAPES]]
+    if unknown:
+        ap.error(f"unknown shape(s) {unknown}; known: {[sh[0] for sh in SHAPES]}")
     for name, K, N in SHAPES:
+        if pick and name not in pick:
+            continue
         W = round_bf16(rng.standard_normal((N, K)).astype(np.float32) * np.float32(K ** -0.5))
         Wb = narrow(W)
         nring = 1 if a.ncu else max(1, -(-RING_BYTES // Wb.nbytes))
@@ -113,7 +120,7 @@ def main() -> int:
                 got = out.copy_to_host()
                 if ref is None:
                     ref = got
-                    if name == SHAPES[0][0]:  # the production kernel against the CPU twin
+                    if name == (pick or [SHAPES[0][0]])[0]:  # the production kernel against the CPU twin
                         want = np.empty((R, N), np.float32)
                         cpu.linear_mma(X, W, want, R)
                         same_cpu = bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
