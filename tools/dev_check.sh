@@ -7,7 +7,8 @@
 # bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
 # MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
 # the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
-# bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy and warp-state sections on its production kernel.
+# bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy, warp-state, instruction and
+# source-counter (stall reasons by instruction) sections on its production kernel (NCU_VD_ARGS, e.g. --shapes "gdn out").
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
 set -uo pipefail
@@ -50,8 +51,9 @@ if [ "${VD:-0}" = 1 ]; then
   echo "probe-vd exit $?" >> "$out/jobs.txt"; cat "$out/probe-vd.log"
   if [ "${NCU_VD:-1}" = 1 ] && command -v ncu > /dev/null; then
     ncu --clock-control none --kernel-name regex:linear_mma_vd --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --csv --page details \
-      python tools/probe_vd.py --ncu --rows 1 > "$out/ncu-vd.csv" 2> "$out/ncu-vd.log"
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section InstructionStats --section SourceCounters --csv --page details \
+      python tools/probe_vd.py --ncu --rows 1 ${NCU_VD_ARGS:-} > "$out/ncu-vd.csv" 2> "$out/ncu-vd.log"
     echo "ncu-vd exit $?" >> "$out/jobs.txt"
   fi
 fi
