@@ -53,7 +53,42 @@ class _Block:
             self.cv.notify_all()
 
 
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_array(self, shape, dtype, alignment=None):
+    """The simulator's ``cuda.shared.array`` (one array per block and calling line, dynamic
+    shared memory for shape 0), with two changes: the array is looked up and created under a lock
+    -- the simulator's own get-then-set races, so two threads of a block could each get an array
+    of their own and one's writes never reach the others (a rare wrong output, seen in CI) -- and
+    ``alignment`` is accepted (numpy arrays need none)."""
+    import sys
+
+    from numba.core import types
+    from numba.np import numpy_support
+
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    if shape == 0:
+        return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
+    f = sys._getframe(1)  # the kernel line that asks
+    caller = (f.f_code.co_filename, f.f_lineno)
+    with _SHARED_LOCK:
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+    return res
+
+
+def install_shared():
+    """Swap :func:`shared_array` in for the simulator's ``cuda.shared.array``."""
+    from numba.cuda.simulator import kernelapi
+
+    kernelapi.FakeCUDAShared.array = shared_array
+
+
 def install():
+    install_shared()
     from numba.cuda.simulator import kernel as k
 
     def syncthreads(self):

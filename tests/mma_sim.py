@@ -134,27 +134,6 @@ def u2f(u):
     return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
 
 
-def _shared_array(self, shape, dtype, alignment=None):
-    """The simulator's ``cuda.shared.array`` without its refusal of ``alignment`` (its arrays need
-    none): one array per block and calling line, as there (the line of the kernel that calls)."""
-    import sys
-    import traceback
-
-    from numba.core import types
-    from numba.np import numpy_support
-
-    if isinstance(dtype, types.Type):
-        dtype = numpy_support.as_dtype(dtype)
-    caller = traceback.extract_stack(sys._getframe())[-2][0:2]
-    res = self._allocations.get(caller)
-    if res is None:
-        res = self._allocations[caller] = np.empty(shape, dtype)
-    return res
-
-
-_shared_array._mma_sim = True
-
-
 def load():
     """numba_kernels.mma_tc with the simulator's primitives (call once per process, simulator on)."""
     from numba.core import config
@@ -175,8 +154,9 @@ def load():
 
     from numba.cuda.simulator import kernelapi
 
-    if not getattr(kernelapi.FakeCUDAShared.array, "_mma_sim", False):
-        kernelapi.FakeCUDAShared.array = _shared_array
+    from cudasim_blocks import install_shared  # shared arrays under a lock, alignment accepted
+
+    install_shared()
     if not hasattr(kernelapi.FakeCUDAModule, "any_sync"):  # the warp vote, absent from the simulator
         kernelapi.FakeCUDAModule.any_sync = lambda self, mask, pred: any_sync(mask, pred)
     cuda.jit = sim_jit
