@@ -11,6 +11,7 @@ separate its work, stay the simulator's.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -62,8 +63,6 @@ def shared_array(self, shape, dtype, alignment=None):
     -- the simulator's own get-then-set races, so two threads of a block could each get an array
     of their own and one's writes never reach the others (a rare wrong output, seen in CI) -- and
     ``alignment`` is accepted (numpy arrays need none)."""
-    import sys
-
     from numba.core import types
     from numba.np import numpy_support
 
