@@ -59,7 +59,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, lds4, sts4
+from .intrin import cp16, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
@@ -422,11 +422,17 @@ def linear_mma_gemm_k(Xu, Wu, outu, R):
 # (:func:`mma_pack_x_k`, rounded to bf16 as every kernel here rounds it, into kernel-owned scratch),
 # then streams both through shared memory with cp.async: three stages of a 32-k tile (128 rows of X
 # and 128 of W, 16 words a row, 48 KB), the 16-byte chunks of a row placed at chunk c ^ ((row >> 1)
-# & 3) so that a fragment load (8 rows × 4 words) touches 32 banks; each of the 8 warps holds a
-# 64 × 32 sub-tile (4 × 4 MMA tiles), each output the chain of its K/16 steps in order from +0 with
-# the fragments in their natural k order: the bits of every kernel here. Chunks past K are zeros
-# (stored, not copied); rows past R or N are not copied (garbage there reaches only outputs that
-# are not stored: MMA rows and columns are independent).
+# & 3) so that the 8 rows an ldmatrix matrix reads (rows ≡ 0..7 mod 8) sit in distinct banks; each
+# of the 8 warps holds a 64 × 32 sub-tile (4 × 4 MMA tiles), each output the chain of its K/16
+# steps in order from +0: the bits of every kernel here. A step's fragments come by ldmatrix
+# (ldsm4: the A registers of one 16 × 16 tile, or the B registers of two 8-column tiles, in one
+# instruction), both steps of a tile loaded before their 32 MMAs, from per-lane word offsets
+# computed once. (Scalar fragment loads with Numba's 64-bit index arithmetic cost ~6 instructions
+# each, 24 loads a step: the kernel issued ~10 instructions per MMA and ran at ~120 TFLOP/s;
+# receipts/probes/h200-probe-mma-gemm-w16.log.) A thread's four 16-byte copies a tile come from row
+# offsets computed once, rows past R or N clamped to the last row (their copies reach only outputs
+# that are not stored: MMA rows and columns are independent); chunks past K are zeros (stored, not
+# copied).
 G16_M = 128
 G16_N = 128
 G16_STAGES = 3
@@ -451,26 +457,44 @@ def mma_pack_x_k(Xu, Xp, R):
 
 
 @cuda.jit(device=True, inline=True)
-def _g16_issue(sm, Xp, Wp, st, kt, m0, n0, R, N, K2, t):
-    """Stage st ← the 32-k tile kt: this thread's 4 chunks (X rows t >> 2 and 64 + (t >> 2), W
-    the same rows, chunk t & 3); chunks past K are zeros, rows past R / N skipped."""
-    c = t & 3
-    kw = kt * 16 + 4 * c
-    for j in range(4):
-        row = (t >> 2) + 64 * j  # 0..127 X, 128..255 W
-        dst = (st * _G16_ROWS + row) * 16 + ((c ^ ((row >> 1) & 3)) << 2)
-        if kw < K2:
-            if j < 2:
-                if m0 + row < R:
-                    cp16(sm, dst, Xp, m0 + row, kw)
-            else:
-                if n0 + row - 128 < N:
-                    cp16(sm, dst, Wp, n0 + row - 128, kw)
-        else:
-            sm[dst] = np.uint32(0)
-            sm[dst + 1] = np.uint32(0)
-            sm[dst + 2] = np.uint32(0)
-            sm[dst + 3] = np.uint32(0)
+def _g16_issue(sm, Xp, Wp, st, kt, dst, offs, K2, XW, kc):
+    """Stage st ← the 32-k tile kt: this thread's 4 chunks (X rows t >> 2 and 64 + (t >> 2), W the
+    same rows; chunk kc = t & 3, at word dst of stage 0's first row) from the rows' flat word
+    offsets offs; chunks past K are zeros."""
+    kw = kt * 16 + 4 * kc
+    d = st * (_G16_ROWS * 16) + dst
+    if kw < K2:
+        cp16f(sm, d, Xp, offs[0] + kw, XW)
+        cp16f(sm, d + 64 * 16, Xp, offs[1] + kw, XW)
+        cp16f(sm, d + 128 * 16, Wp, offs[2] + kw, K2)
+        cp16f(sm, d + 192 * 16, Wp, offs[3] + kw, K2)
+    else:
+        z = np.uint32(0)
+        for j in range(4):
+            sts4(sm, d + 64 * 16 * j, z, z, z, z)
+
+
+@cuda.jit(device=True, inline=True)
+def _g16_frags(sm, fa, fb, o, xa, xb):
+    """One step's fragments by ldmatrix into fa[o ..] (A of row tile i at 4i) and fb[o // 2 ..] (B
+    of column tile j at 2j): xa, xb are the lane's word offsets of the step in the stage."""
+    for i in range(4):
+        fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3] = ldsm4(sm, xa + 256 * i)
+    ob = o // 2
+    for p in range(2):
+        fb[ob + 4 * p], fb[ob + 4 * p + 1], fb[ob + 4 * p + 2], fb[ob + 4 * p + 3] = ldsm4(sm, xb + 256 * p)
+
+
+@cuda.jit(device=True, inline=True)
+def _g16_mma(fa, fb, o, acc):
+    """One K step of the warp's 4 × 4 MMA tiles from fa[o ..], fb[o // 2 ..] (see _g16_frags)."""
+    ob = o // 2
+    for i in range(4):
+        for j in range(4):
+            e = 4 * (4 * i + j)
+            acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
+                fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3],
+                fb[ob + 2 * j], fb[ob + 2 * j + 1], acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
 
 
 @cuda.jit
@@ -478,50 +502,68 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
     """exact-bf16 linear of packed X [R, K/2] and bf16 W [N, K/2] (uint32 views): see above."""
     N, K2 = Wp.shape
     K = 2 * K2
+    XW = Xp.shape[1]
     t = cuda.threadIdx.x
     lane = t & 31
     g = lane >> 2
     q = lane & 3
-    sw = (g >> 1) & 3  # the chunk swizzle of every row this lane reads (row ≡ g mod 8)
     warp = t >> 5
     wm = (warp >> 2) * 64
     wn = 128 + (warp & 3) * 32
     m0 = cuda.blockIdx.y * G16_M
     n0 = cuda.blockIdx.x * G16_N
     sm = cuda.shared.array(_G16_WORDS, np.uint32, alignment=16)
+    # the copies: this thread's rows (t >> 2) + 64 j, chunk t & 3, swizzled by ((row >> 1) & 3)
+    kc = t & 3
+    dst = (t >> 2) * 16 + ((kc ^ ((t >> 3) & 3)) << 2)
+    offs = cuda.local.array(4, np.int64)
+    offs[0] = min(m0 + (t >> 2), R - 1) * XW
+    offs[1] = min(m0 + 64 + (t >> 2), R - 1) * XW
+    offs[2] = min(n0 + (t >> 2), N - 1) * K2
+    offs[3] = min(n0 + 64 + (t >> 2), N - 1) * K2
+    # ldmatrix: lane L addresses row lr = L & 7 of matrix lm = L >> 3; every row it reads is ≡ lr
+    # (mod 8), so its swizzle is (lr >> 1) & 3. A (row tile i): matrices (rows 0-7, k 0-7), (8-15,
+    # 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3; B (column tiles 2p, 2p + 1): (tile 2p, k 0-7),
+    # (2p, 8-15), (2p + 1, 0-7), (2p + 1, 8-15) = its b0, b1 and the next tile's.
+    lr = lane & 7
+    lm = lane >> 3
+    sw = (lr >> 1) & 3
+    la = (wm + 8 * (lm & 1) + lr) * 16
+    lb = (wn + 8 * (lm >> 1) + lr) * 16
+    xa0 = la + ((((lm >> 1)) ^ sw) << 2)  # step 0 of a tile: chunks 0, 1; step 1: chunks 2, 3
+    xa1 = la + (((2 + (lm >> 1)) ^ sw) << 2)
+    xb0 = lb + ((((lm & 1)) ^ sw) << 2)
+    xb1 = lb + (((2 + (lm & 1)) ^ sw) << 2)
     acc = cuda.local.array(64, np.uint32)
     for e in range(64):
         acc[e] = np.uint32(0)
-    a = cuda.local.array(16, np.uint32)
-    b = cuda.local.array(8, np.uint32)
+    fa = cuda.local.array(32, np.uint32)
+    fb = cuda.local.array(16, np.uint32)
     nt = (K2 + 15) // 16
-    _g16_issue(sm, Xp, Wp, 0, 0, m0, n0, R, N, K2, t)
+    _g16_issue(sm, Xp, Wp, 0, 0, dst, offs, K2, XW, kc)
     cp_commit()
     if nt > 1:
-        _g16_issue(sm, Xp, Wp, 1, 1, m0, n0, R, N, K2, t)
+        _g16_issue(sm, Xp, Wp, 1, 1, dst, offs, K2, XW, kc)
     cp_commit()
+    cb = 0  # the stage of tile kt (kt % 3) and of tile kt + 2, kept as counters
+    ib = 2
     for kt in range(nt):
         cp_wait1()  # every group but the newest: tile kt has landed (this thread's copies)
         cuda.syncthreads()  # ... and every thread's; and stage (kt + 2) % 3 is no longer read
         if kt + 2 < nt:
-            _g16_issue(sm, Xp, Wp, (kt + 2) % G16_STAGES, kt + 2, m0, n0, R, N, K2, t)
+            _g16_issue(sm, Xp, Wp, ib, kt + 2, dst, offs, K2, XW, kc)
         cp_commit()
-        base = (kt % G16_STAGES) * _G16_ROWS
-        for s in range(2):
-            if kt * 32 + 16 * s < K:  # uniform: a step past K is not issued
-                c0 = (((2 * s) ^ sw) << 2) + q
-                c1 = (((2 * s + 1) ^ sw) << 2) + q
-                for i in range(4):
-                    ra = (base + wm + 16 * i + g) * 16
-                    a[4 * i] = sm[ra + c0]
-                    a[4 * i + 1] = sm[ra + 128 + c0]
-                    a[4 * i + 2] = sm[ra + c1]
-                    a[4 * i + 3] = sm[ra + 128 + c1]
-                for j in range(4):
-                    rb = (base + wn + 8 * j + g) * 16
-                    b[2 * j] = sm[rb + c0]
-                    b[2 * j + 1] = sm[rb + c1]
-                _mma44(a, b, acc)
+        base = cb * (_G16_ROWS * 16)
+        cb = cb + 1 if cb + 1 < G16_STAGES else 0
+        ib = ib + 1 if ib + 1 < G16_STAGES else 0
+        if kt * 32 + 16 < K:  # uniform: both steps (a step past K is not issued)
+            _g16_frags(sm, fa, fb, 0, base + xa0, base + xb0)
+            _g16_frags(sm, fa, fb, 16, base + xa1, base + xb1)
+            _g16_mma(fa, fb, 0, acc)
+            _g16_mma(fa, fb, 16, acc)
+        else:
+            _g16_frags(sm, fa, fb, 0, base + xa0, base + xb0)
+            _g16_mma(fa, fb, 0, acc)
     _store44(outu, m0 + wm + g, n0 + wn - 128 + 2 * q, R, N, acc)
 
 
@@ -545,53 +587,30 @@ V16_KT = 256  # k per stage
 V16_STAGES = 4  # stages of the ring (every X row count: ≤ 48 KB of shared memory)
 
 
-def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
+def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
     """The GEMV kernel staging xrows X rows (1, 2, 4, 8: up to that many rows; 16: up to 16) and a
-    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight). fused: X comes as float32
-    (its uint32 view [R, K]) and each stage rounds its slice of X to bf16 pairs in shared memory
-    (no mma_pack_x_k launch); a stage then also holds the slice's float32 rows."""
+    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight)."""
     assert xrows in (1, 2, 4, 8, 16) and stages >= 2 and kt % 256 == 0
-    rows = xrows + 8 + (2 * xrows if fused else 0)  # packed X rows, W rows, float32 X rows, per stage
+    rows = xrows + 8  # X rows then W rows, per stage
     rw = kt // 2  # words per shared row
     words = stages * rows * rw
     wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
     xm = min(xrows, 8) - 1  # ldsm4's lane row lr reads X row lr & xm (rows past xrows: a copy, not stored)
 
     @cuda.jit(device=True, inline=True)
-    def issue(sm, Xp, Wp, st, kt_, xoff, woff, K2, XW, lane):
+    def issue(sm, Xp, Wp, st, kt_, xoff, woff, K2, lane):
         """Stage st ← slice kt_: this lane's 16-byte chunks of the block's X rows and of the warp's
         8 W rows (flat offsets of the rows' starts xoff, woff: rows past R or N clamped to the last
         one, whose copy reaches only outputs that are not stored; no branch a row), chunks past K
-        not copied. XW: X's row length in words (fused: float32 X, 2 K2)."""
+        not copied."""
         for h in range(rw // 128):
             kw = kt_ * rw + 128 * h + 4 * lane
             ch = 32 * h + lane  # 16-byte chunk in the row
             if kw < K2:
-                if not fused:
-                    for r in range(xrows):
-                        cp16f(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, xoff[r] + kw, XW)
+                for r in range(xrows):
+                    cp16f(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, xoff[r] + kw, K2)
                 for r in range(8):
                     cp16f(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, woff[r] + kw, K2)
-        if fused:  # the slice's float32 X: 2 rw words a row, unswizzled (read once, linearly)
-            for h in range(2 * rw // 128):
-                kf = kt_ * kt + 128 * h + 4 * lane
-                if kf < XW:
-                    for r in range(xrows):
-                        cp16f(sm, (st * rows + xrows + 8 + 2 * r) * rw + 128 * h + 4 * lane, Xp, xoff[r] + kf, XW)
-
-    @cuda.jit(device=True, inline=True)
-    def pack(sm, st_buf, r0, R, lane):
-        """fused: stage buffer st_buf's float32 X rows (those < R) → its packed rows, bf16 pairs
-        rounded as mma_pack_x_k rounds them, 16-byte chunk j of row r at chunk j ^ (r & 7)."""
-        for r in range(xrows):
-            if r0 + r < R:
-                src = (st_buf * rows + xrows + 8 + 2 * r) * rw
-                dst = (st_buf * rows + r) * rw
-                for h in range(rw // 128):
-                    j = 32 * h + lane  # the packed chunk: floats 8j .. 8j + 7
-                    f0, f1, f2, f3 = lds4(sm, src + 8 * j)
-                    f4, f5, f6, f7 = lds4(sm, src + 8 * j + 4)
-                    sts4(sm, dst + 4 * (j ^ (r & 7)), _pack(f0, f1), _pack(f2, f3), _pack(f4, f5), _pack(f6, f7))
 
     @cuda.jit(device=True, inline=True)
     def frags(sm, xe, xo, we, wo, jj, two, e1, e3, f1, f3):
@@ -622,7 +641,7 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
 
     @cuda.jit
     def linear_mma_vd_k(Xp, Wp, outu, R):
-        """Xp: packed X [R, K/2] (fused: float32 X's uint32 view [R, K]); Wp bf16 W [N, K/2]."""
+        """Xp: packed X [R, K/2]; Wp: bf16 W [N, K/2]."""
         N, K2 = Wp.shape
         K = 2 * K2
         sm = cuda.shared.array(words, np.uint32, alignment=16)
@@ -648,17 +667,16 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
         ne3 = z
         nf1 = z
         nf3 = z
-        XW = Xp.shape[1]
         xoff = cuda.local.array(xrows, np.int64)  # the rows' flat offsets, computed once
         woff = cuda.local.array(8, np.int64)
         for r in range(xrows):
-            xoff[r] = min(r0 + r, R - 1) * XW
+            xoff[r] = min(r0 + r, R - 1) * K2
         for r in range(8):
             woff[r] = min(o0 + r, N - 1) * K2
         nst = (K2 + rw - 1) // rw
         for p in range(stages - 1):
             if p < nst:
-                issue(sm, Xp, Wp, p, p, xoff, woff, K2, XW, lane)
+                issue(sm, Xp, Wp, p, p, xoff, woff, K2, lane)
             cp_commit()
         cb = 0  # the buffer of slice st (st % stages) and of slice st + stages - 1, kept as counters
         ib = stages - 1
@@ -666,11 +684,8 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
             wait()  # every group but the newest stages - 2: slice st has landed
             syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
             if st + stages - 1 < nst:
-                issue(sm, Xp, Wp, ib, st + stages - 1, xoff, woff, K2, XW, lane)
+                issue(sm, Xp, Wp, ib, st + stages - 1, xoff, woff, K2, lane)
             cp_commit()
-            if fused:
-                pack(sm, cb, r0, R, lane)
-                syncwarp()  # the packed rows are written before any lane's ldmatrix
             base = cb * rows
             cb = cb + 1 if cb + 1 < stages else 0
             ib = ib + 1 if ib + 1 < stages else 0
@@ -705,24 +720,25 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, fused=False):
     return linear_mma_vd_k
 
 
-def _vd_named(xrows, fused=False):
-    k = _vd_kernel(xrows, V16_KT, V16_STAGES, fused)
-    name = f"linear_mma_vd{xrows}{'f' if fused else ''}_k"
+def _vd_named(xrows, kt=V16_KT, stages=V16_STAGES):
+    k = _vd_kernel(xrows, kt, stages)
+    name = f"linear_mma_vd{xrows}{'w' if kt != V16_KT else ''}_k"
     k.py_func.__name__ = k.py_func.__qualname__ = name  # in launch counts and profiles
     return k
 
 
-# The GEMV packing X itself (fused: no mma_pack_x_k launch) serves one row on at most
-# VD_FUSED_MAX_N outputs. Measured on the H200 (tools/probe_vd.py, receipts/probes/README.md): at
-# one row and 2,048 outputs it saves the pack launch (~2.5 µs) and costs ~0.5 µs; on 9,216 and more
-# outputs its larger stage (the float32 rows: 22.5 KB a block, not 18) takes warps off the SMs
-# and costs more than the launch; at four rows (40 KB a block) and the packing's four rows a stage
-# it took twice the time of packing first.
-VD_FUSED_MAX_ROWS = 1
-VD_FUSED_MAX_N = 0  # off: at 0c4d8ad+ the packing launch and the leaner GEMV beat it on every decode shape but one
-# by the X rows a block stages: the kernel on packed X, and (up to VD_FUSED_MAX_ROWS) on float32 X
+# by the X rows a block stages. (A variant that rounded float32 X to bf16 in its own stages, no
+# mma_pack_x_k launch, measured slower than packing first on every bench-8l decode shape but one
+# -- receipts/probes/README.md, decodemma-v1/v2 -- and was taken out.)
 VD_KERNELS = {x: _vd_named(x) for x in (1, 2, 4, 8, 16)}
-VD_FUSED = {x: _vd_named(x, True) for x in (1, 2, 4, 8, 16) if x <= VD_FUSED_MAX_ROWS}
+# Up to 4 X rows on at most VD_WIDE_MAX_N outputs (the few-warp shapes: at most 512 warps, so
+# the larger ring costs no occupancy) stages of VD_WIDE_KT k: half the stages' bookkeeping per k.
+# Measured on the H200 at fc8d42f (receipts/probes/h200-probe-vd-stages-fc8d42f.json): one row,
+# gdn out 11.2 → 10.3 µs, mlp down 14.1 → 12.7 (the 256-k ring with 3-10 stages: within 4 %).
+VD_WIDE_KT = 512
+VD_WIDE_MAX_ROWS = 4  # 4 rows: 12 rows a stage, 4 stages of 12 KB = the 48 KB static limit
+VD_WIDE_MAX_N = 4096
+VD_WIDE = {x: _vd_named(x, kt=VD_WIDE_KT) for x in (1, 2, 4) if x <= VD_WIDE_MAX_ROWS}
 linear_mma_vd8_k = VD_KERNELS[8]
 linear_mma_vd_k = VD_KERNELS[16]
 
@@ -747,11 +763,9 @@ def _linear_w16(X, W, out, R):
     if vec and R >= W16_MIN_ROWS:
         launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, _packed_x(X, R, K),
                W.view(np.uint32), out.view(np.uint32), R)
-    elif vec and vd_rows(R) <= VD_FUSED_MAX_ROWS and N <= VD_FUSED_MAX_N:  # decode's narrow GEMVs: no pack launch
-        launch(VD_FUSED[vd_rows(R)], ((N + 7) // 8, 1), 32, X.view(np.uint32), W.view(np.uint32),
-               out.view(np.uint32), R)
     elif vec:
-        launch(VD_KERNELS[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
+        narrow = vd_rows(R) <= VD_WIDE_MAX_ROWS and N <= VD_WIDE_MAX_N
+        launch((VD_WIDE if narrow else VD_KERNELS)[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
                _packed_x(X, R, K), W.view(np.uint32), out.view(np.uint32), R)
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)

@@ -84,25 +84,30 @@ SCRIPT = textwrap.dedent(r'''
                             f"{' nonfinite' if nonfinite else ''}",
                     "same": same(out.copy_to_host(), want), "s": round(time.perf_counter() - t, 1)})
 
-    # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16; one row on few outputs
-    # also the kernel packing X itself, vd1f): a whole stage then a
+    # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16): a whole stage then a
     # last step of 8 terms (264); four stages of the ring and a fifth that reuses the first, then a
     # last pair of one step (1288); only the tail path (40: two steps and 8 terms; 24; 16); rows
     # past R in a staged block (3 of 4, 6 of 8); a second 16-row block of one row (17) and a
     # whole one (12: rows g + 8 read); N not a multiple of 8 (9, 17)
-    mt.VD_FUSED_MAX_N = 4096  # the X-packing GEMV (off by default: VD_FUSED_MAX_N = 0) on these
-    linear(1, 264, 9, "vd1f")
-    linear(1, 1288, 8, "vd1f")
-    mt.VD_FUSED_MAX_N = 8  # one row past it: X packed first, then the kernel on packed X
+    # up to 4 rows on at most VD_WIDE_MAX_N outputs: 512-k stages (vd*w); 1544: three whole
+    # stages and a part-filled fourth
+    linear(1, 264, 9, "vd1w")
+    linear(2, 40, 17, "vd2w")
+    linear(4, 1544, 9, "vd4w")
+    mt.VD_WIDE_MAX_N = 8  # past it the 256-k ring
     linear(1, 264, 9, "vd1")
-    mt.VD_FUSED_MAX_N = 0
+    linear(1, 1288, 8, "vd1")
     linear(2, 40, 17, "vd2")
     linear(3, 264, 9, "vd4")
+    mt.VD_WIDE_MAX_N = 4096
     linear(6, 40, 8, "vd8")
     linear(12, 16, 8, "vd16")
     linear(17, 24, 8, "vd16")
-    # the packed-X GEMM from 33 rows (one 8-term step)
+    # the packed-X GEMM from 33 rows: one 8-term step (a single tile); three whole 32-k tiles and a
+    # fourth (the first stage again) of a step and a half, rows past R and columns past N (a second
+    # block of 8 of its 128) copies of the last row
     linear(33, 8, 8, "g16")
+    linear(33, 120, 136, "g16")
     # K % 8 != 0: the one-warp kernel on element loads (_pair)
     linear(2, 20, 9, "tc")
     # split-KV attention on the MMA: two tiles, the second part-filled; head_dim not a multiple
@@ -130,6 +135,6 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 17
+    assert len(res) == 20
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"

@@ -173,7 +173,7 @@ def _compile_all(recorded, only, ptxas):
 
     u2 = types.Array(types.uint32, 2, "C")
     for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemm_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_g16_k,
-                 *mma_tc.VD_KERNELS.values(), *mma_tc.VD_FUSED.values()):
+                 *mma_tc.VD_KERNELS.values(), *mma_tc.VD_WIDE.values()):
         if not only or kern.py_func.__name__ in only:
             jobs.append((kern.py_func.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
     h2 = types.Array(types.uint16, 2, "C")

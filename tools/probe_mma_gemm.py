@@ -1,6 +1,6 @@
 """exact-bf16 tensor-core GEMM probe (issue #19), < 90 s on an H200:
 
-    python tools/probe_mma_gemm.py --out DIR
+    python tools/probe_mma_gemm.py --out DIR [--weights bf16] [--shapes prime | "R,K,N;..."]
 
 For each shape (decode rows, a prime chunk, bench-8l-like widths) and each resident form of W
 (``--weights``: float32 of bf16 values, bf16 bits): ``linear_mma`` on the GPU
@@ -29,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES = [(1, 2048, 5632), (1, 5632, 2048), (4, 2048, 2048), (17, 2048, 2048), (512, 2048, 5632),
           (4096, 2048, 5632)]
+# bench-8l's linear shapes in a 4,096-row prime chunk: qkvz, gdn out (= attention o), qkv, mlp gate+up, down
+PRIME_SHAPES = [(4096, 2048, 12352), (4096, 4096, 2048), (4096, 2048, 9216), (4096, 2048, 11264), (4096, 5632, 2048)]
 HBM_BPS = 4.8e12
 
 
@@ -59,7 +61,13 @@ def main() -> int:
     ap.add_argument("--weights", default="f32,bf16",
                     help="W resident as f32 (float32 of bf16 values) and/or bf16 (uint16 bits), comma-separated")
     ap.add_argument("--check-compile", action="store_true", help="compile for sm_90 and count HMMA (no GPU)")
+    ap.add_argument("--shapes", default=None,
+                    help='R,K,N;R,K,N... instead of the default shapes ("prime": bench-8l\'s at 4,096 rows)')
     a = ap.parse_args()
+    shapes = SHAPES if not a.shapes else PRIME_SHAPES if a.shapes == "prime" else [
+        tuple(int(v) for v in sh.split(",")) for sh in a.shapes.split(";")]
+    if any(len(sh) != 3 or min(sh) < 1 for sh in shapes):
+        ap.error(f"--shapes: each shape is R,K,N of positive integers, got {a.shapes!r}")
     if a.check_compile:
         return check_compile()
     if not a.out:
@@ -74,7 +82,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     t_start = time.perf_counter()
-    for (R, K, N), wt in [(sh, w) for sh in SHAPES for w in a.weights.split(",")]:
+    for (R, K, N), wt in [(sh, w) for sh in shapes for w in a.weights.split(",")]:
         X = rng.standard_normal((R, K)).astype(np.float32)
         W = round_bf16(rng.standard_normal((N, K)).astype(np.float32) * np.float32(K ** -0.5))
         dX, dO = cuda.to_device(X), cuda.device_array((R, N), np.float32)

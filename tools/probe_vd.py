@@ -1,12 +1,11 @@
 """exact-bf16 decode GEMV probe (issues #16 / #19), about a minute on an H200:
 
-    python tools/probe_vd.py --out DIR [--rows 1,4] [--ncu] [--production] [--fusion]
+    python tools/probe_vd.py --out DIR [--rows 1,4] [--ncu] [--production] [--shapes ...]
 
 The bf16-resident GEMV (``mma_tc.VD_KERNELS``: one warp per 8 W rows, the whole K chain of
 MMAs, ``cp.async`` stages, fragments by ``ldmatrix``) at the bench-8l decode shapes, in variants
-built by ``mma_tc._vd_kernel(xrows, kt, stages[, fused])`` (every stage count that fits 48 KB;
-the kernels that pack X themselves are timed with the packing, the others without the
-``mma_pack_x_k`` launch before them). Every variant's output is compared bitwise with the
+built by ``mma_tc._vd_kernel(xrows, kt, stages)`` (every stage count that fits 48 KB; timed
+without the ``mma_pack_x_k`` launch before them). Every variant's output is compared bitwise with the
 production configuration's (the same MMA chain in the same order: they must be equal), and the
 production one with the CPU twin on the first shape. Each time is the mean of a burst of launches
 queued behind a sleeping kernel (no launch gaps), each launch reading its own copy of W from a
@@ -15,8 +14,7 @@ DIR/probe-vd.json and prints one line per (shape, rows, variant) with its TB/s o
 
 ``--ncu``: run each shape once with the production configuration only, no timing (for
 ``ncu --kernel-name regex:linear_mma_vd ...``); ``--production``: time that configuration only;
-``--fusion``: at one row also time, per shape, ``VD_FUSED[1]`` on float32 X against
-``mma_pack_x_k`` then ``VD_KERNELS[1]`` (what ``VD_FUSED_MAX_N`` chooses between).
+``--shapes``: only the named shapes.
 """
 
 from __future__ import annotations
@@ -47,8 +45,6 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--production", action="store_true", help="time the production configuration only")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all), e.g. 'gdn out,mlp down'")
-    ap.add_argument("--fusion", action="store_true",
-                    help="at one row also time the GEMV packing X itself against mma_pack_x_k then the GEMV")
     a = ap.parse_args()
     np.row_stack = getattr(np, "row_stack", np.vstack)
     from numba import cuda
@@ -76,7 +72,6 @@ def main() -> int:
             e1.synchronize()
             ts.append(cuda.event_elapsed_time(e0, e1) / 1e3 / BURST)
         return min(ts)
-    fusion = []
 
     kernels = {}
     rng = np.random.default_rng(0)
@@ -98,20 +93,17 @@ def main() -> int:
             dX = cuda.to_device(X)
             ref = None
             xrows = mma_tc.vd_rows(R)
-            prod = (mma_tc.V16_KT, mma_tc.V16_STAGES)
-            fused = xrows <= mma_tc.VD_FUSED_MAX_ROWS and N <= mma_tc.VD_FUSED_MAX_N  # as _linear_w16: float32 X
-            srows = xrows + 8 + (2 * xrows if fused else 0)  # shared rows a stage
-            if fused:  # the kernel's X: float32 bits, or packed once for every variant
-                Xp = dX.view(np.uint32)
-            else:
-                Xp = cuda.device_array((R, K // 2), np.uint32)
-                mma_tc.mma_pack_x_k[(R * (K // 4) + 255) // 256, 256](dX.view(np.uint32), Xp, R)
-            fits = [v for v in VARIANTS if v[1] * srows * v[0] * 2 <= 48 * 1024]
+            wide = xrows <= mma_tc.VD_WIDE_MAX_ROWS and N <= mma_tc.VD_WIDE_MAX_N  # as _linear_w16
+            prod = (mma_tc.VD_WIDE_KT if wide else mma_tc.V16_KT, mma_tc.V16_STAGES)
+            Xp = cuda.device_array((R, K // 2), np.uint32)  # packed once for every variant
+            mma_tc.mma_pack_x_k[(R * (K // 4) + 255) // 256, 256](dX.view(np.uint32), Xp, R)
+            fits = [v for v in VARIANTS if v[1] * (xrows + 8) * v[0] * 2 <= 48 * 1024]
             for kt, stages in [prod] + ([] if a.ncu or a.production else [v for v in fits if v != prod]):
-                key = (xrows, kt, stages, fused)
+                key = (xrows, kt, stages)
                 if key not in kernels:
-                    kernels[key] = (mma_tc.VD_FUSED if fused else mma_tc.VD_KERNELS)[xrows] if (kt, stages) == prod else \
-                        mma_tc._vd_kernel(xrows, kt, stages, fused)
+                    table = mma_tc.VD_WIDE if wide else mma_tc.VD_KERNELS
+                    kernels[key] = table[xrows] if (kt, stages) == prod else \
+                        mma_tc._vd_kernel(xrows, kt, stages)
                 kern = kernels[key]
                 out = cuda.device_array((R, N), np.float32)
                 grid = ((N + 7) // 8, (R + 15) // 16)
@@ -138,30 +130,13 @@ def main() -> int:
                 rows.append(row)
                 print(f"{name:12s} K{K:5d} N{N:6d} R{R}: kt {kt} stages {stages}: "
                       f"{t * 1e6:8.1f} us  {row['w_tb_s']:5.2f} TB/s  {'bitwise' if same else 'DIFFERS'}", flush=True)
-            if a.fusion and R == 1 and not a.ncu:  # the dispatch's choice for one row: packing inside the GEMV or before it
-                out = cuda.device_array((R, N), np.float32)
-                Xq = cuda.device_array((R, K // 2), np.uint32)
-                pk = (R * (K // 4) + 255) // 256
-                grid = ((N + 7) // 8, 1)
-                un, fu = mma_tc.VD_KERNELS[1], mma_tc.VD_FUSED[1]
-
-                def packed(i):
-                    mma_tc.mma_pack_x_k[pk, 256](dX.view(np.uint32), Xq, R)
-                    un[grid, 32](Xq, ring[i % nring].view(np.uint32), out.view(np.uint32), R)
-                tp = timed(packed)
-                tf = timed(lambda i: fu[grid, 32](dX.view(np.uint32), ring[i % nring].view(np.uint32),
-                                                   out.view(np.uint32), R))
-                fusion.append({"shape": name, "K": K, "N": N, "pack_then_gemv_s": tp, "fused_s": tf,
-                               "dispatch": "fused" if fused else "pack first"})
-                print(f"{name:12s} K{K:5d} N{N:6d} R1: pack + GEMV {tp * 1e6:6.1f} us, fused {tf * 1e6:6.1f} us "
-                      f"(dispatch: {'fused' if fused else 'pack first'})", flush=True)
         del ring
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         dev = cuda.get_current_device().name
         with open(os.path.join(a.out, "probe-vd.json"), "w") as f:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else str(dev),
-                       "commit": os.environ.get("PRIMEWALK_COMMIT"), "rows": rows, "fusion": fusion,
+                       "commit": os.environ.get("PRIMEWALK_COMMIT"), "rows": rows,
                        "wall_s": time.perf_counter() - t_all}, f, indent=1)
     return 0 if ok else 1
 
