@@ -1,11 +1,12 @@
 """The packed tensor-core attention's load grouping and register budget, swept on a GPU (issue #19):
 
-    python tools/probe_attn_pk.py --out DIR [--configs "4,2,128;8,4,168"] [--starts 0,28672] [--rows 4096]
+    python tools/probe_attn_pk.py --out DIR [--configs "4,2,128;8,4,168,1"] [--starts 0,28672] [--rows 4096]
 
 ``attention_mma_pk_k`` (numba_kernels/mma_tc.py) loads PK_KT K rows (n-tiles of QKᵀ) together
 from the packed K and PK_GROUP n-tiles of the packed V together, under a budget of PK_MAX_REGS
-registers; every load comes from L2 in each warp of a KV head's query heads. For each
-configuration "PK_KT,PK_GROUP,PK_MAX_REGS" a subprocess binds the module with those constants
+registers, ATT_TC_WARPS warps (heads of the same 16 rows) a block; every load comes from L2 in
+each warp of a KV head's query heads. For each configuration "PK_KT,PK_GROUP,PK_MAX_REGS[,ATT_TC_WARPS]"
+(the last as in the tree when left out) a subprocess binds the module with those constants
 (set before the kernel first compiles; the budget by re-jitting its Python function), runs
 ``attention_mma_pk`` on bench-8l's attention shape (16 query heads on 2 KV heads, head_dim 256)
 for ``--rows`` rows at each start (a 32 k prime's first and last 4,096-row chunk by default; the
@@ -51,14 +52,16 @@ def _one(cfg, rows, starts, twin):
     from numba_kernels import cuda as kc  # noqa: F401  (binds mma_tc's CUDA bodies)
     from numba_kernels import cpu, mma_tc
 
-    kt, grp, regs = cfg
+    kt, grp, regs = cfg[:3]
     mma_tc.PK_KT, mma_tc.PK_GROUP, mma_tc.PK_MAX_REGS = kt, grp, regs
+    if len(cfg) > 3:
+        mma_tc.ATT_TC_WARPS = cfg[3]
     mma_tc.attention_mma_pk_k = cuda.jit(max_registers=regs)(mma_tc.attention_mma_pk_k.py_func)
     Q, K, V = _inputs(rows, starts)
     dQ, dK, dV = cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V)
     scale = np.float32(D ** -0.5)
     out = cuda.device_array((rows, HQ * D), np.float32)
-    rec = {"pk_kt": kt, "pk_group": grp, "pk_max_regs": regs, "starts": {}}
+    rec = {"pk_kt": kt, "pk_group": grp, "pk_max_regs": regs, "att_tc_warps": mma_tc.ATT_TC_WARPS, "starts": {}}
     for start in starts:
         t0 = time.perf_counter()
         assert mma_tc.attention_mma_pk(dQ, dK, dV, out, start, rows, HQ, HKV, D, scale)
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for probe-attn-pk.json")
     ap.add_argument("--configs", default="4,2,128;8,2,128;4,4,128;8,4,128;4,2,168;8,4,168;4,4,168",
-                    help="PK_KT,PK_GROUP,PK_MAX_REGS;... (the first: production's)")
+                    help="PK_KT,PK_GROUP,PK_MAX_REGS[,ATT_TC_WARPS];... (the first: production's)")
     ap.add_argument("--starts", default="0,28672")
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a subprocess's configuration
@@ -97,10 +100,11 @@ def main(argv=None) -> int:
     try:
         configs = [tuple(int(v) for v in c.split(",")) for c in a.configs.split(";")]
         starts = [int(s) for s in a.starts.split(",")]
-        assert all(len(c) == 3 and 8 % c[0] == 0 and c[1] >= 1 and 64 <= c[2] <= 255 for c in configs)
+        assert all(len(c) in (3, 4) and 8 % c[0] == 0 and c[1] >= 1 and 64 <= c[2] <= 255 and
+                   (len(c) == 3 or 1 <= c[3] <= 8) for c in configs)
         assert all(s >= 0 for s in starts) and 16 <= a.rows
     except (ValueError, AssertionError):
-        ap.error("--configs: PK_KT (1, 2, 4, 8),PK_GROUP (≥ 1),PK_MAX_REGS (64-255);...; --starts: "
+        ap.error("--configs: PK_KT (1, 2, 4, 8),PK_GROUP (≥ 1),PK_MAX_REGS (64-255)[,ATT_TC_WARPS (1-8)];...; --starts: "
                  "non-negative integers; --rows: at least 16")
     if a.one:
         rec = _one(tuple(int(v) for v in a.one.split(",")), a.rows, starts, a.twin)
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
         rec["same_as_production"] = same
         parts = [f"start {s}: {v['best_s'] * 1e3:7.2f} ms ({v['tflops']:5.1f} TFLOP/s)" for s, v in rec["starts"].items()]
         tw = f"; twin rows {'bitwise' if rec['twin_rows_bitwise'] else 'DIFFER'}" if "twin_rows_bitwise" in rec else ""
-        print(f"PK_KT {cfg[0]} PK_GROUP {cfg[1]} regs {cfg[2]:3d}: {', '.join(parts)}; "
+        print(f"PK_KT {cfg[0]} PK_GROUP {cfg[1]} regs {cfg[2]:3d} warps {rec['att_tc_warps']}: {', '.join(parts)}; "
               f"{'same digests' if same else 'DIGESTS DIFFER'}{tw} ({rec['wall_s']} s)", flush=True)
     os.makedirs(a.out, exist_ok=True)
     from numba import cuda
