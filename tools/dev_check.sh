@@ -9,6 +9,9 @@
 # the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
 # bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy, warp-state, instruction and
 # source-counter (stall reasons by instruction) sections on its production kernel (NCU_VD_ARGS, e.g. --shapes "gdn out").
+# GEMM=1 runs tools/probe_mma_gemm.py (bf16 weights, bench-8l's prime shapes; GEMM_ARGS adds options, e.g. --g16 NAMES
+# with patches/next-g16-tiles.patch), ATTN=1 tools/probe_attn_pk.py (ATTN_ARGS, e.g. --configs), PRIME=1
+# tools/profile_prime_mma.py --lengths 4096,32768 (the exact-bf16 bench-8l prime, per op); each bounded by T_PROBE (150 s).
 # The device call's own limit kills everything unfinished: run it as `timeout 560 bash tools/dev_check.sh D; tar ...`
 # so that what finished comes back.
 set -uo pipefail
@@ -57,4 +60,12 @@ if [ "${VD:-0}" = 1 ]; then
     echo "ncu-vd exit $?" >> "$out/jobs.txt"
   fi
 fi
+probe() {  # name, then the command: bounded, its output in $out/NAME.log, its exit in jobs.txt
+  local name=$1; shift
+  timeout "${T_PROBE:-150}" "$@" > "$out/$name.log" 2>&1
+  echo "$name exit $?" >> "$out/jobs.txt"; grep -v "Writing model" "$out/$name.log" | tail -n 25 | cut -c1-300
+}
+[ "${GEMM:-0}" = 1 ] && probe gemm python tools/probe_mma_gemm.py --out "$out" --weights bf16 --shapes prime ${GEMM_ARGS:-}
+[ "${ATTN:-0}" = 1 ] && probe attn python tools/probe_attn_pk.py --out "$out" ${ATTN_ARGS:-}
+[ "${PRIME:-0}" = 1 ] && probe prime python tools/profile_prime_mma.py --out "$out/prime.json" --lengths 4096,32768
 echo "total $(( $(date +%s) - s )) s"
