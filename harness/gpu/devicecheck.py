@@ -238,8 +238,9 @@ def mma_op_cases(rng, full, add):
     # 776, 1032: a last pair of steps part-filled; every GEMV kernel -- X rows staged 1, 2, 4, 8, 16
     # -- at every row count 1-9, 16, 17 and 32, 17 a second 16-row block of one row) and the
     # packed-X GEMM from it (33, 48, 64, 200, 520; N 130, 136, 300: partial blocks; K 264: a last
-    # 32-k tile of one step, 1048: of a step and a half); other K (1100, 97) the one-warp kernel on element loads; up to 4 rows on at
-    # most VD_WIDE_MAX_N (4096) outputs the 512-k ring (one row on 130), on more (4104) the 256-k
+    # 32-k tile of one step, 1048: of a step and a half); other K (1100, 97) the one-warp kernel on
+    # element loads; up to 4 rows on at most VD_WIDE_MAX_N (4096) outputs the 512-k ring (one row
+    # on 130), on more (4104) the 256-k ring
     w16 = [(1, 2048, 5632), (4, 1096, 77), (17, 264, 130), (32, 2048, 2048), (1, 1100, 41), (33, 264, 130),
            (200, 1096, 300), (130, 97, 33), (520, 512, 384), (64, 5632, 2048), (2, 520, 77), (3, 2056, 130),
            (5, 776, 41), (6, 264, 16), (7, 1032, 300), (8, 520, 9), (9, 264, 130), (16, 776, 77), (1, 1288, 130),
