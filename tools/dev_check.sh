@@ -8,7 +8,8 @@
 # MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
 # the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
 # bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy, warp-state, instruction and
-# source-counter (stall reasons by instruction) sections on its production kernel (NCU_VD_ARGS, e.g. --shapes "gdn out").
+# source-counter (stall reasons by instruction) sections and the stall metrics on its production kernel (NCU_VD_ARGS, e.g.
+# --shapes "gdn out"); NCU_ATTN=1 the same on one 4,096-row launch of the packed attention (tools/probe_attn_pk.py).
 # GEMM=1 runs tools/probe_mma_gemm.py (bf16 weights, bench-8l's prime shapes; GEMM_ARGS adds options, e.g. --g16 NAMES
 # with patches/next-g16-tiles.patch), ATTN=1 tools/probe_attn_pk.py (ATTN_ARGS, e.g. --configs), PRIME=1
 # tools/profile_prime_mma.py --lengths 4096,32768 (the exact-bf16 bench-8l prime, per op); each bounded by T_PROBE (150 s).
@@ -18,6 +19,10 @@ set -uo pipefail
 out=${1:?usage: tools/dev_check.sh OUTDIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
 h="python -m harness.cli"
+# Nsight Compute's sections for the kernel steps below, with the stall reasons per issued instruction
+NCU_SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
+  --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 s=$(date +%s)
@@ -53,12 +58,15 @@ if [ "${VD:-0}" = 1 ]; then
   python tools/probe_vd.py --out "$out" ${VD_ARGS:-} > "$out/probe-vd.log" 2>&1
   echo "probe-vd exit $?" >> "$out/jobs.txt"; cat "$out/probe-vd.log"
   if [ "${NCU_VD:-1}" = 1 ] && command -v ncu > /dev/null; then
-    ncu --clock-control none --kernel-name regex:linear_mma_vd --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      --section InstructionStats --section SourceCounters --csv --page details \
+    ncu --clock-control none --kernel-name regex:linear_mma_vd $NCU_SECTIONS --csv --page details \
       python tools/probe_vd.py --ncu --rows 1 ${NCU_VD_ARGS:-} > "$out/ncu-vd.csv" 2> "$out/ncu-vd.log"
     echo "ncu-vd exit $?" >> "$out/jobs.txt"
   fi
+fi
+if [ "${NCU_ATTN:-0}" = 1 ] && command -v ncu > /dev/null; then  # the packed attention, one 4,096-row launch
+  ncu --clock-control none --kernel-name regex:attention_mma_pk_k --launch-count 1 $NCU_SECTIONS --csv --page details \
+    python tools/probe_attn_pk.py --out "$out/ncu-attn" --configs 4,2,128 --starts 0 > "$out/ncu-attn.csv" 2> "$out/ncu-attn.log"
+  echo "ncu-attn exit $?" >> "$out/jobs.txt"
 fi
 probe() {  # name, then the command: bounded, its output in $out/NAME.log, its exit in jobs.txt
   local name=$1; shift
