@@ -28,7 +28,9 @@ Global memory (read-only for the kernel's lifetime: ``ld.global.nc``):
 
 Asynchronous copies global → shared (``cp.async``): ``cp16(S, i, A, row, col)`` / ``cp4`` copy
 16 / 4 bytes of ``A[row, col:]`` to ``S[i:]``; ``cp16f(S, i, A, off, rs)`` / ``cp4f`` from flat
-element ``off``; ``cp_commit()``, ``cp_wait0()``, ``cp_wait1()``, ``cp_wait2()`` (``cp.async.commit_group``,
+element ``off``; ``cp16b(S, sb, A, gb, rs)`` the 16 bytes at byte ``gb`` of ``A``'s data to byte
+``sb`` of ``S`` (byte offsets a kernel precomputes per row: one add each for the addresses);
+``cp_commit()``, ``cp_wait0()``, ``cp_wait1()``, ``cp_wait2()`` (``cp.async.commit_group``,
 ``wait_group 0/1/2``); ``cp_wait_group(n)`` builds the ``wait_group n`` one.
 
 Other: ``sel(c, a, b)`` (a branch-free select); ``xput``, ``xget``, ``xdone``: a warp exchange of
@@ -140,6 +142,12 @@ if SIMULATED:
     def cp4f(S, i, A, off, rs):
         r, c = divmod(int(off), rs)
         S[i] = A[r, c]
+
+    def cp16b(S, sb, A, gb, rs):
+        i = int(sb) // 4
+        r, c = divmod(int(gb) // 4, rs)
+        for k in range(4):
+            S[i + k] = A[r, c + k]
 
     def cp_commit():
         pass
@@ -464,6 +472,27 @@ else:
     cp16, cp4 = _cp_rc(16), _cp_rc(4)
     cp16f, cp4f = _cp_flat(16), _cp_flat(4)
 
+    @intrinsic
+    def cp16b(typingctx, S, sb, A, gb, rs):
+        """cp.async of 16 bytes: byte gb of A's data → byte sb of the shared array S (integers of
+        any width: sb truncated to 32 bits, the shared window's; gb to 64)."""
+        sig = types.void(S, sb, A, gb, rs)
+
+        def codegen(context, builder, sig, args):
+            s = context.make_array(sig.args[0])(context, builder, value=args[0])
+            a = context.make_array(sig.args[2])(context, builder, value=args[2])
+            sbase = builder.ptrtoint(builder.addrspacecast(s.data, ir.PointerType(s.data.type.pointee, 3)), _i32)
+            gbase = builder.ptrtoint(builder.addrspacecast(a.data, ir.PointerType(a.data.type.pointee, 1)), _i64)
+            sb_, gb_ = args[1], args[3]
+            sb_ = builder.trunc(sb_, _i32) if sb_.type.width > 32 else builder.zext(sb_, _i32) if sb_.type.width < 32 else sb_
+            gb_ = builder.sext(gb_, _i64) if gb_.type.width < 64 else gb_
+            fn = ir.FunctionType(ir.VoidType(), [_i32, _i64])
+            asm = ir.InlineAsm(fn, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", side_effect=True)
+            builder.call(asm, [builder.add(sbase, sb_), builder.add(gbase, gb_)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def _asm0(text):
         def f(typingctx):
             sig = types.void()
@@ -513,7 +542,7 @@ else:
 
 
 PRIMITIVES = ("lds1", "sts1", "lds2", "lds4", "sts4", "ldg4", "ldgz4", "ldg4p", "ldg1p", "ldgh4p", "ldgh1p", "ld4g",
-         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp_commit", "cp_wait0", "cp_wait1", "cp_wait2", "sel", "xput", "xget", "xdone")
+         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp16b", "cp_commit", "cp_wait0", "cp_wait1", "cp_wait2", "sel", "xput", "xget", "xdone")
 
 
 def bindings() -> dict:

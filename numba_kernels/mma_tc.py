@@ -59,7 +59,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, sts4
+from .intrin import cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
 
@@ -432,12 +432,9 @@ def linear_mma_gemm_k(Xu, Wu, outu, R):
 # receipts/probes/h200-probe-mma-gemm-w16.log.) A thread's four 16-byte copies a tile come from row
 # offsets computed once, rows past R or N clamped to the last row (their copies reach only outputs
 # that are not stored: MMA rows and columns are independent); chunks past K are zeros (stored, not
-# copied).
-G16_M = 128
-G16_N = 128
-G16_STAGES = 3
-_G16_ROWS = G16_M + G16_N  # shared rows a stage: X then W
-_G16_WORDS = G16_STAGES * _G16_ROWS * 16  # 48 KB: the static limit
+# copied). The tile, stage count and warp grid are parameters (_g16_kernel; G16_CONFIGS names the
+# ones tools/probe_mma_gemm.py --g16 times against production, G16 the one that runs): every
+# configuration hands each output the same chain.
 W16_MIN_ROWS = 33  # from this many rows the packed-X GEMM; fewer: linear_mma_vd_k / linear_mma_vd8_k
 
 
@@ -456,115 +453,155 @@ def mma_pack_x_k(Xu, Xp, R):
         Xp[r, (k >> 1) + 1] = _pack(x2, x3)
 
 
-@cuda.jit(device=True, inline=True)
-def _g16_issue(sm, Xp, Wp, st, kt, dst, offs, K2, XW, kc):
-    """Stage st ← the 32-k tile kt: this thread's 4 chunks (X rows t >> 2 and 64 + (t >> 2), W the
-    same rows; chunk kc = t & 3, at word dst of stage 0's first row) from the rows' flat word
-    offsets offs; chunks past K are zeros."""
-    kw = kt * 16 + 4 * kc
-    d = st * (_G16_ROWS * 16) + dst
-    if kw < K2:
-        cp16f(sm, d, Xp, offs[0] + kw, XW)
-        cp16f(sm, d + 64 * 16, Xp, offs[1] + kw, XW)
-        cp16f(sm, d + 128 * 16, Wp, offs[2] + kw, K2)
-        cp16f(sm, d + 192 * 16, Wp, offs[3] + kw, K2)
-    else:
-        z = np.uint32(0)
-        for j in range(4):
-            sts4(sm, d + 64 * 16 * j, z, z, z, z)
+def _g16_kernel(bm=128, bn=128, stages=3, wmn=2, wnn=4):
+    """The packed-X GEMM with bm × bn block tiles (bm rows of X, bn of W), ``stages`` 32-k stages,
+    wmn × wnn warps, each a (bm / wmn) × (bn / wnn) sub-tile of 16 × 8 MMA tiles (see above; the
+    production configuration is the default). Every configuration gives each output the same
+    chain, so the same bits; it must fit 48 KB of static shared memory."""
+    threads = 32 * wmn * wnn
+    ti, tj = bm // wmn // 16, bn // wnn // 8  # MMA tiles of a warp: row tiles, column tiles
+    rows = bm + bn  # shared rows a stage: X then W, 16 words (32 k) each
+    tq = threads // 4  # rows a thread pass copies (4 threads, one 16-byte chunk each, a row)
+    assert ti >= 1 and tj >= 2 and tj % 2 == 0 and bm % (16 * wmn) == 0 and bn % (8 * wnn) == 0
+    assert tq % 8 == 0 and bm % tq == 0 and bn % tq == 0 and stages >= 2
+    words = stages * rows * 16
+    assert words * 4 <= 48 * 1024, "past 48 KB of static shared memory"
+    cx, cw = bm // tq, bn // tq  # a thread's X rows and W rows a stage
+    wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
+    noffs, nacc, nfa, nfb = cx + cw, 4 * ti * tj, 8 * ti, 4 * tj  # local array sizes (named constants)
 
-
-@cuda.jit(device=True, inline=True)
-def _g16_frags(sm, fa, fb, o, xa, xb):
-    """One step's fragments by ldmatrix into fa[o ..] (A of row tile i at 4i) and fb[o // 2 ..] (B
-    of column tile j at 2j): xa, xb are the lane's word offsets of the step in the stage."""
-    for i in range(4):
-        fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3] = ldsm4(sm, xa + 256 * i)
-    ob = o // 2
-    for p in range(2):
-        fb[ob + 4 * p], fb[ob + 4 * p + 1], fb[ob + 4 * p + 2], fb[ob + 4 * p + 3] = ldsm4(sm, xb + 256 * p)
-
-
-@cuda.jit(device=True, inline=True)
-def _g16_mma(fa, fb, o, acc):
-    """One K step of the warp's 4 × 4 MMA tiles from fa[o ..], fb[o // 2 ..] (see _g16_frags)."""
-    ob = o // 2
-    for i in range(4):
-        for j in range(4):
-            e = 4 * (4 * i + j)
-            acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
-                fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3],
-                fb[ob + 2 * j], fb[ob + 2 * j + 1], acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
-
-
-@cuda.jit
-def linear_mma_g16_k(Xp, Wp, outu, R):
-    """exact-bf16 linear of packed X [R, K/2] and bf16 W [N, K/2] (uint32 views): see above."""
-    N, K2 = Wp.shape
-    K = 2 * K2
-    XW = Xp.shape[1]
-    t = cuda.threadIdx.x
-    lane = t & 31
-    g = lane >> 2
-    q = lane & 3
-    warp = t >> 5
-    wm = (warp >> 2) * 64
-    wn = 128 + (warp & 3) * 32
-    m0 = cuda.blockIdx.y * G16_M
-    n0 = cuda.blockIdx.x * G16_N
-    sm = cuda.shared.array(_G16_WORDS, np.uint32, alignment=16)
-    # the copies: this thread's rows (t >> 2) + 64 j, chunk t & 3, swizzled by ((row >> 1) & 3)
-    kc = t & 3
-    dst = (t >> 2) * 16 + ((kc ^ ((t >> 3) & 3)) << 2)
-    offs = cuda.local.array(4, np.int64)
-    offs[0] = min(m0 + (t >> 2), R - 1) * XW
-    offs[1] = min(m0 + 64 + (t >> 2), R - 1) * XW
-    offs[2] = min(n0 + (t >> 2), N - 1) * K2
-    offs[3] = min(n0 + 64 + (t >> 2), N - 1) * K2
-    # ldmatrix: lane L addresses row lr = L & 7 of matrix lm = L >> 3; every row it reads is ≡ lr
-    # (mod 8), so its swizzle is (lr >> 1) & 3. A (row tile i): matrices (rows 0-7, k 0-7), (8-15,
-    # 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3; B (column tiles 2p, 2p + 1): (tile 2p, k 0-7),
-    # (2p, 8-15), (2p + 1, 0-7), (2p + 1, 8-15) = its b0, b1 and the next tile's.
-    lr = lane & 7
-    lm = lane >> 3
-    sw = (lr >> 1) & 3
-    la = (wm + 8 * (lm & 1) + lr) * 16
-    lb = (wn + 8 * (lm >> 1) + lr) * 16
-    xa0 = la + ((((lm >> 1)) ^ sw) << 2)  # step 0 of a tile: chunks 0, 1; step 1: chunks 2, 3
-    xa1 = la + (((2 + (lm >> 1)) ^ sw) << 2)
-    xb0 = lb + ((((lm & 1)) ^ sw) << 2)
-    xb1 = lb + (((2 + (lm & 1)) ^ sw) << 2)
-    acc = cuda.local.array(64, np.uint32)
-    for e in range(64):
-        acc[e] = np.uint32(0)
-    fa = cuda.local.array(32, np.uint32)
-    fb = cuda.local.array(16, np.uint32)
-    nt = (K2 + 15) // 16
-    _g16_issue(sm, Xp, Wp, 0, 0, dst, offs, K2, XW, kc)
-    cp_commit()
-    if nt > 1:
-        _g16_issue(sm, Xp, Wp, 1, 1, dst, offs, K2, XW, kc)
-    cp_commit()
-    cb = 0  # the stage of tile kt (kt % 3) and of tile kt + 2, kept as counters
-    ib = 2
-    for kt in range(nt):
-        cp_wait1()  # every group but the newest: tile kt has landed (this thread's copies)
-        cuda.syncthreads()  # ... and every thread's; and stage (kt + 2) % 3 is no longer read
-        if kt + 2 < nt:
-            _g16_issue(sm, Xp, Wp, ib, kt + 2, dst, offs, K2, XW, kc)
-        cp_commit()
-        base = cb * (_G16_ROWS * 16)
-        cb = cb + 1 if cb + 1 < G16_STAGES else 0
-        ib = ib + 1 if ib + 1 < G16_STAGES else 0
-        if kt * 32 + 16 < K:  # uniform: both steps (a step past K is not issued)
-            _g16_frags(sm, fa, fb, 0, base + xa0, base + xb0)
-            _g16_frags(sm, fa, fb, 16, base + xa1, base + xb1)
-            _g16_mma(fa, fb, 0, acc)
-            _g16_mma(fa, fb, 16, acc)
+    @cuda.jit(device=True, inline=True)
+    def issue(sm, Xp, Wp, st, kt, dst, offs, K2, XW, kc):
+        """Stage st ← the 32-k tile kt: this thread's chunk kc of rows (t >> 2) + tq·j (X rows
+        first, then W rows) from the rows' flat word offsets offs; chunks past K are zeros."""
+        kw = kt * 16 + 4 * kc
+        d = st * (rows * 16) + dst
+        if kw < K2:
+            for j in range(cx):
+                cp16f(sm, d + tq * 16 * j, Xp, offs[j] + kw, XW)
+            for j in range(cw):
+                cp16f(sm, d + tq * 16 * (cx + j), Wp, offs[cx + j] + kw, K2)
         else:
-            _g16_frags(sm, fa, fb, 0, base + xa0, base + xb0)
-            _g16_mma(fa, fb, 0, acc)
-    _store44(outu, m0 + wm + g, n0 + wn - 128 + 2 * q, R, N, acc)
+            z = np.uint32(0)
+            for j in range(cx + cw):
+                sts4(sm, d + tq * 16 * j, z, z, z, z)
+
+    @cuda.jit(device=True, inline=True)
+    def frags(sm, fa, fb, o, ob, xa, xb):
+        """One step's fragments by ldmatrix into fa[o ..] (A of row tile i at 4i) and fb[ob ..] (B
+        of column tile j at 2j): xa, xb are the lane's word offsets of the step in the stage."""
+        for i in range(ti):
+            fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3] = ldsm4(sm, xa + 256 * i)
+        for p in range(tj // 2):
+            fb[ob + 4 * p], fb[ob + 4 * p + 1], fb[ob + 4 * p + 2], fb[ob + 4 * p + 3] = ldsm4(sm, xb + 256 * p)
+
+    @cuda.jit(device=True, inline=True)
+    def mmas(fa, fb, o, ob, acc):
+        """One K step of the warp's ti × tj MMA tiles from fa[o ..], fb[ob ..] (see frags)."""
+        for i in range(ti):
+            for j in range(tj):
+                e = 4 * (tj * i + j)
+                acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
+                    fa[o + 4 * i], fa[o + 4 * i + 1], fa[o + 4 * i + 2], fa[o + 4 * i + 3],
+                    fb[ob + 2 * j], fb[ob + 2 * j + 1], acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+
+    @cuda.jit
+    def linear_mma_g16_k(Xp, Wp, outu, R):
+        """exact-bf16 linear of packed X [R, K/2] and bf16 W [N, K/2] (uint32 views): see above."""
+        N, K2 = Wp.shape
+        K = 2 * K2
+        XW = Xp.shape[1]
+        t = cuda.threadIdx.x
+        lane = t & 31
+        g = lane >> 2
+        q = lane & 3
+        warp = t >> 5
+        wm = (warp // wnn) * (16 * ti)
+        wn = bm + (warp % wnn) * (8 * tj)
+        m0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
+        sm = cuda.shared.array(words, np.uint32, alignment=16)
+        # the copies: this thread's rows (t >> 2) + tq·j, chunk t & 3, swizzled by ((row >> 1) & 3)
+        kc = t & 3
+        dst = (t >> 2) * 16 + ((kc ^ ((t >> 3) & 3)) << 2)
+        offs = cuda.local.array(noffs, np.int64)
+        for j in range(cx):
+            offs[j] = min(m0 + tq * j + (t >> 2), R - 1) * XW
+        for j in range(cw):
+            offs[cx + j] = min(n0 + tq * j + (t >> 2), N - 1) * K2
+        # ldmatrix: lane L addresses row lr = L & 7 of matrix lm = L >> 3; every row it reads is ≡ lr
+        # (mod 8), so its swizzle is (lr >> 1) & 3. A (row tile i): matrices (rows 0-7, k 0-7), (8-15,
+        # 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3; B (column tiles 2p, 2p + 1): (tile 2p, k 0-7),
+        # (2p, 8-15), (2p + 1, 0-7), (2p + 1, 8-15) = its b0, b1 and the next tile's.
+        lr = lane & 7
+        lm = lane >> 3
+        sw = (lr >> 1) & 3
+        la = (wm + 8 * (lm & 1) + lr) * 16
+        lb = (wn + 8 * (lm >> 1) + lr) * 16
+        xa0 = la + (((lm >> 1) ^ sw) << 2)  # step 0 of a tile: chunks 0, 1; step 1: chunks 2, 3
+        xa1 = la + (((2 + (lm >> 1)) ^ sw) << 2)
+        xb0 = lb + (((lm & 1) ^ sw) << 2)
+        xb1 = lb + (((2 + (lm & 1)) ^ sw) << 2)
+        acc = cuda.local.array(nacc, np.uint32)
+        for e in range(nacc):
+            acc[e] = np.uint32(0)
+        fa = cuda.local.array(nfa, np.uint32)
+        fb = cuda.local.array(nfb, np.uint32)
+        nt = (K2 + 15) // 16
+        for p in range(stages - 1):
+            if p < nt:
+                issue(sm, Xp, Wp, p, p, dst, offs, K2, XW, kc)
+            cp_commit()
+        cb = 0  # the stage of tile kt (kt % stages) and of tile kt + stages - 1, kept as counters
+        ib = stages - 1
+        for kt in range(nt):
+            wait()  # every group but the newest stages - 2: tile kt has landed (this thread's copies)
+            cuda.syncthreads()  # ... and every thread's; and stage (kt - 1) % stages is no longer read
+            if kt + stages - 1 < nt:
+                issue(sm, Xp, Wp, ib, kt + stages - 1, dst, offs, K2, XW, kc)
+            cp_commit()
+            base = cb * (rows * 16)
+            cb = cb + 1 if cb + 1 < stages else 0
+            ib = ib + 1 if ib + 1 < stages else 0
+            if kt * 32 + 16 < K:  # uniform: both steps (a step past K is not issued)
+                frags(sm, fa, fb, 0, 0, base + xa0, base + xb0)
+                frags(sm, fa, fb, 4 * ti, 2 * tj, base + xa1, base + xb1)
+                mmas(fa, fb, 0, 0, acc)
+                mmas(fa, fb, 4 * ti, 2 * tj, acc)
+            else:
+                frags(sm, fa, fb, 0, 0, base + xa0, base + xb0)
+                mmas(fa, fb, 0, 0, acc)
+        r = m0 + wm + g
+        c = n0 + wn - bm + 2 * q
+        for i in range(ti):
+            for j in range(tj):
+                e = 4 * (tj * i + j)
+                _store(outu, r + 16 * i, c + 8 * j, R, N, acc[e], acc[e + 1], acc[e + 2], acc[e + 3])
+
+    linear_mma_g16_k.threads = threads
+    return linear_mma_g16_k
+
+
+# (bm, bn, stages, warps down, warps across): the production configuration first (G16), then the
+# others tools/probe_mma_gemm.py --g16 times against it (each bitwise the same by construction)
+G16_CONFIGS = {"128x128x3": (128, 128, 3, 2, 4), "128x256x2": (128, 256, 2, 2, 8), "256x128x2": (256, 128, 2, 4, 4),
+               "64x128x4": (64, 128, 4, 1, 4), "128x128x3w4": (128, 128, 3, 2, 2)}
+G16 = "128x128x3"
+G16_M, G16_N = G16_CONFIGS[G16][:2]
+G16_KERNELS = {}
+
+
+def g16_kernel(name=G16):
+    """The packed-X GEMM of configuration ``name`` (G16_CONFIGS), built once."""
+    if name not in G16_KERNELS:
+        k = _g16_kernel(*G16_CONFIGS[name])
+        if name != G16:
+            k.py_func.__name__ = k.py_func.__qualname__ = f"linear_mma_g16_{name}_k"
+        G16_KERNELS[name] = k
+    return G16_KERNELS[name]
+
+
+linear_mma_g16_k = g16_kernel()
 
 
 # The GEMV of bf16 W (what _linear_w16 runs below W16_MIN_ROWS rows, K % 8 == 0): X packed to
@@ -580,7 +617,10 @@ def linear_mma_g16_k(Xp, Wp, outu, R):
 # past R and of W past N are copies of the last row (they reach only outputs that are not stored).
 # (With a branch and Numba's 64-bit index arithmetic a row, a stage's copies cost ~170 PTX
 # instructions, the stage's 16 MMA steps ~100: 86 cycles a step at 4.2 cycles an instruction on
-# the 2,048-output shapes, Nsight Compute at b7fc84c.) Up to 8 rows the
+# the 2,048-output shapes, Nsight Compute at b7fc84c.) A copy's addresses are one add each from
+# byte offsets computed once per row (cp16b: ~5 PTX instructions a copy where the flat-offset
+# copy took ~9 with its 64-bit index arithmetic; Nsight Compute at cbb2621 counted ~15
+# instructions a step on gdn out at one row, the stage's copies more than half of them). Up to 8 rows the
 # kernel built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are
 # +0), so a block takes 32 KB of shared memory, not 48.
 V16_KT = 256  # k per stage
@@ -598,19 +638,22 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
     xm = min(xrows, 8) - 1  # ldsm4's lane row lr reads X row lr & xm (rows past xrows: a copy, not stored)
 
     @cuda.jit(device=True, inline=True)
-    def issue(sm, Xp, Wp, st, kt_, xoff, woff, K2, lane):
+    def issue(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, lane):
         """Stage st ← slice kt_: this lane's 16-byte chunks of the block's X rows and of the warp's
-        8 W rows (flat offsets of the rows' starts xoff, woff: rows past R or N clamped to the last
-        one, whose copy reaches only outputs that are not stored; no branch a row), chunks past K
-        not copied."""
+        8 W rows, from the byte offsets computed once (sx, sw: a row's chunk in stage 0's buffer;
+        gx, gw: in the array, at k 0; rows past R or N clamped to the last one, whose copy reaches
+        only outputs that are not stored; no branch a row), chunks past K not copied. Half h of a
+        row's slice (chunks 32h + lane) sits 128h words further on both sides: the swizzle
+        (chunk ^ (row & 7)) does not reach bit 5."""
         for h in range(rw // 128):
             kw = kt_ * rw + 128 * h + 4 * lane
-            ch = 32 * h + lane  # 16-byte chunk in the row
             if kw < K2:
+                so = 4 * (st * rows * rw + 128 * h)  # bytes: the stage's buffer and the half
+                go = 4 * (kt_ * rw + 128 * h)
                 for r in range(xrows):
-                    cp16f(sm, (st * rows + r) * rw + 4 * (ch ^ (r & 7)), Xp, xoff[r] + kw, K2)
+                    cp16b(sm, sx[r] + so, Xp, gx[r] + go, K2)
                 for r in range(8):
-                    cp16f(sm, (st * rows + xrows + r) * rw + 4 * (ch ^ r), Wp, woff[r] + kw, K2)
+                    cp16b(sm, sw[r] + so, Wp, gw[r] + go, K2)
 
     @cuda.jit(device=True, inline=True)
     def frags(sm, xe, xo, we, wo, jj, two, e1, e3, f1, f3):
@@ -667,16 +710,20 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
         ne3 = z
         nf1 = z
         nf3 = z
-        xoff = cuda.local.array(xrows, np.int64)  # the rows' flat offsets, computed once
-        woff = cuda.local.array(8, np.int64)
+        sx = cuda.local.array(xrows, np.int32)  # the rows' byte offsets, computed once (see issue)
+        gx = cuda.local.array(xrows, np.int64)
+        sw = cuda.local.array(8, np.int32)
+        gw = cuda.local.array(8, np.int64)
         for r in range(xrows):
-            xoff[r] = min(r0 + r, R - 1) * K2
+            sx[r] = 4 * (r * rw + 4 * (lane ^ (r & 7)))
+            gx[r] = 4 * (min(r0 + r, R - 1) * K2 + 4 * lane)
         for r in range(8):
-            woff[r] = min(o0 + r, N - 1) * K2
+            sw[r] = 4 * ((xrows + r) * rw + 4 * (lane ^ r))
+            gw[r] = 4 * (min(o0 + r, N - 1) * K2 + 4 * lane)
         nst = (K2 + rw - 1) // rw
         for p in range(stages - 1):
             if p < nst:
-                issue(sm, Xp, Wp, p, p, xoff, woff, K2, lane)
+                issue(sm, Xp, Wp, p, p, sx, gx, sw, gw, K2, lane)
             cp_commit()
         cb = 0  # the buffer of slice st (st % stages) and of slice st + stages - 1, kept as counters
         ib = stages - 1
@@ -684,7 +731,7 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
             wait()  # every group but the newest stages - 2: slice st has landed
             syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
             if st + stages - 1 < nst:
-                issue(sm, Xp, Wp, ib, st + stages - 1, xoff, woff, K2, lane)
+                issue(sm, Xp, Wp, ib, st + stages - 1, sx, gx, sw, gw, K2, lane)
             cp_commit()
             base = cb * rows
             cb = cb + 1 if cb + 1 < stages else 0
@@ -743,6 +790,12 @@ linear_mma_vd8_k = VD_KERNELS[8]
 linear_mma_vd_k = VD_KERNELS[16]
 
 
+def vd_wide(R, N):
+    """Whether the GEMV of R rows on N outputs takes the 512-k stages (VD_WIDE; else VD_KERNELS):
+    _linear_w16's choice, which tools/probe_vd.py times as production."""
+    return vd_rows(R) <= VD_WIDE_MAX_ROWS and N <= VD_WIDE_MAX_N
+
+
 def vd_rows(R):
     """The X rows a GEMV block of R rows stages: R rounded up to 1, 2, 4, 8; past 8, 16 (per
     16-row block)."""
@@ -761,11 +814,11 @@ def _linear_w16(X, W, out, R):
     N, K = W.shape
     vec = K % 8 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
     if vec and R >= W16_MIN_ROWS:
-        launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), 256, _packed_x(X, R, K),
+        launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), linear_mma_g16_k.threads,
+               _packed_x(X, R, K),
                W.view(np.uint32), out.view(np.uint32), R)
     elif vec:
-        narrow = vd_rows(R) <= VD_WIDE_MAX_ROWS and N <= VD_WIDE_MAX_N
-        launch((VD_WIDE if narrow else VD_KERNELS)[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
+        launch((VD_WIDE if vd_wide(R, N) else VD_KERNELS)[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
                _packed_x(X, R, K), W.view(np.uint32), out.view(np.uint32), R)
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)
@@ -823,10 +876,16 @@ def compile_ptx_sm90(kernel=None) -> str:
 # A key past one row's n but not past another's shares the MMA: its P is +0 in the shorter row, a
 # zero product, no term -- unless V there is ±∞ or NaN after rounding (0·∞ is NaN). A warp whose
 # tile holds such a V in those keys takes the twin's emulated dot for that tile (exact, slow, rare).
-ATT_TC_WARPS = 4  # warps per block: four heads of the same 16 rows
-ATT_TC_MAX_D = 256  # the per-lane accumulators (4 per 8 columns) live in a local array of this / 2
+# The running Σ p·v of a warp's 16 rows (its lane's 4 per n-tile of 8 columns) lives in shared
+# memory, sO[warp, row, column], each word touched by its one lane only. (Held in a local array,
+# 128 floats a lane at head_dim 256, it did not fit the L1 beside the resident warps: Nsight
+# Compute at cbb2621 showed the kernel stalled on long scoreboard 10 of its 14 cycles per issued
+# instruction, L1 hit rate 33 %, 0.24 instructions issued per scheduler cycle, and loading more
+# K or V words together changed nothing: tools/probe_attn_pk.py, receipts/probes/README.md.)
+ATT_TC_WARPS = 2  # warps per block: heads of the same 16 rows (the block's shared memory: 43 KB)
+ATT_TC_MAX_D = 256  # head_dim at most this (sO's columns)
 _SST = ATT_TILE + 4  # the score tile's row stride (floats)
-_ACC_N = ATT_TC_MAX_D // 2
+_SOS = ATT_TC_MAX_D + 8  # sO's row stride (floats: rows g and g + 4 of a fragment meet in a bank, no more)
 
 
 @cuda.jit(device=True, inline=True)
@@ -864,6 +923,33 @@ def _att_col(u, n):
 def _vbad(u):
     """V's float32 bits u round to a bf16 ±∞ or NaN."""
     return (_bf16(u) & np.uint32(0x7F80)) == np.uint32(0x7F80)
+
+
+@cuda.jit(device=True, inline=True)
+def _row_max(srow, n):
+    """The max of srow[0 .. n-1] (n ≥ 1) in key order: the first of tied values, a NaN only if
+    srow[0] is one (the twin's loop). An unsigned counter walks the row: no negative-index wrap
+    code and no range-iterator bookkeeping a key (~15 instructions a key before, ~3 now)."""
+    nu = np.uint64(n)
+    mt = srow[0]
+    j = np.uint64(1)
+    while j < nu:
+        if srow[j] > mt:
+            mt = srow[j]
+        j += np.uint64(1)
+    return mt
+
+
+@cuda.jit(device=True, inline=True)
+def _row_sum(srow, n):
+    """+0 + srow[0] + … + srow[n-1], in key order (the twin's loop; see _row_max)."""
+    nu = np.uint64(n)
+    lt = ZERO
+    j = np.uint64(0)
+    while j < nu:
+        lt = lt + srow[j]
+        j += np.uint64(1)
+    return lt
 
 
 # ---- the packed variant: Q, K, V rounded to bf16 once per call, in fragment order --------------
@@ -949,6 +1035,7 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
     h = cuda.blockIdx.y * ATT_TC_WARPS + w
     sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
     sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
+    sO = cuda.shared.array((ATT_TC_WARPS, 16, _SOS), np.float32)  # the running Σ p·v (see above)
     if h >= hq:  # uniform over the warp; the block has no block-wide barrier
         return
     r0 = cuda.blockIdx.x * 16
@@ -963,7 +1050,6 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
     S = cuda.local.array(32, np.uint32)
     Kr = cuda.local.array(32, np.uint32)
     P = cuda.local.array(16, np.uint32)
-    acc = cuda.local.array(_ACC_N, np.float32)
     C4 = cuda.local.array(16, np.uint32)
     Vb = cuda.local.array(32, np.uint32)
     m = ZERO
@@ -1005,11 +1091,7 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
         # 2. the row's tile max, in key order
         ni = _row_n(base, r0, lane, R, k0)
         if lane < 16 and ni > 0:
-            mt = sS[w, lane, 0]
-            for j in range(1, ni):
-                if sS[w, lane, j] > mt:
-                    mt = sS[w, lane, j]
-            sT[w, 0, lane] = mt
+            sT[w, 0, lane] = _row_max(sS[w, lane], ni)
         syncwarp()
         # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
         m0 = sT[w, 0, g]
@@ -1029,9 +1111,7 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
         syncwarp()
         # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
         if lane < 16 and ni > 0:
-            lt = ZERO
-            for j in range(ni):
-                lt = lt + sS[w, lane, j]
+            lt = _row_sum(sS[w, lane], ni)
             m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
             sT[w, 1, lane] = alpha
             sT[w, 2, lane] = beta
@@ -1058,8 +1138,8 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
                     nr = _row_n(base, r0, rr, R, k0)
                     if nr > 0 and cc < D:
                         pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, kvh * D + cc, 1, 0, nr))
-                        acc[4 * u + e] = merge_value(tix, acc[4 * u + e], al0 if e < 2 else al8, pv,
-                                                     be0 if e < 2 else be8)
+                        sO[w, rr, cc] = merge_value(tix, sO[w, rr, cc], al0 if e < 2 else al8, pv,
+                                                    be0 if e < 2 else be8)
             syncwarp()
         else:
             nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
@@ -1087,13 +1167,14 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
                                     C4[4 * jj + 3])
                 for jj in range(PK_GROUP):
                     if u0 + jj < NU:
-                        ua = 4 * (u0 + jj)
+                        ca = 8 * (u0 + jj) + 2 * q  # this lane's columns ca, ca + 1 of the n-tile
                         if n0 > 0:
-                            acc[ua] = merge_value(tix, acc[ua], al0, _u2f(C4[4 * jj]), be0)
-                            acc[ua + 1] = merge_value(tix, acc[ua + 1], al0, _u2f(C4[4 * jj + 1]), be0)
+                            sO[w, g, ca] = merge_value(tix, sO[w, g, ca], al0, _u2f(C4[4 * jj]), be0)
+                            sO[w, g, ca + 1] = merge_value(tix, sO[w, g, ca + 1], al0, _u2f(C4[4 * jj + 1]), be0)
                         if n8 > 0:
-                            acc[ua + 2] = merge_value(tix, acc[ua + 2], al8, _u2f(C4[4 * jj + 2]), be8)
-                            acc[ua + 3] = merge_value(tix, acc[ua + 3], al8, _u2f(C4[4 * jj + 3]), be8)
+                            sO[w, g + 8, ca] = merge_value(tix, sO[w, g + 8, ca], al8, _u2f(C4[4 * jj + 2]), be8)
+                            sO[w, g + 8, ca + 1] = merge_value(tix, sO[w, g + 8, ca + 1], al8, _u2f(C4[4 * jj + 3]),
+                                                               be8)
     if lane < 16:
         sT[w, 3, lane] = l
     syncwarp()
@@ -1105,7 +1186,7 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
             rr = rg + 8 * (e >> 1)
             cc = 8 * u + 2 * q + (e & 1)
             if rr < R and cc < D:
-                out[rr, qo + cc] = attn_out(acc[4 * u + e], l0 if e < 2 else l8)
+                out[rr, qo + cc] = attn_out(sO[w, g + 8 * (e >> 1), cc], l0 if e < 2 else l8)
 
 
 def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
@@ -1224,11 +1305,7 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
     cuda.syncthreads()
     # 2. each head row's tile max, in key order
     if tid < 16:
-        mt = sS[tid, 0]
-        for j in range(1, n):
-            if sS[tid, j] > mt:
-                mt = sS[tid, j]
-        sM[tid] = mt
+        sM[tid] = _row_max(sS[tid], n)
     cuda.syncthreads()
     # 3. p = exp32(s − mt), +0 past the row's keys
     for x in range(tid, 16 * ATT_TILE, 32 * SK_WARPS):
@@ -1238,9 +1315,7 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
     cuda.syncthreads()
     # 4. Σp in key order and (mt, lt) out, one thread per head row
     if tid < 16 and h0 + tid < rep:
-        lt = ZERO
-        for j in range(n):
-            lt = lt + sS[tid, j]
+        lt = _row_sum(sS[tid], n)
         vg = r * hq + kvh * rep + h0 + tid
         ML[vg, t, 0] = sM[tid]
         ML[vg, t, 1] = lt

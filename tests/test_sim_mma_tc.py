@@ -124,6 +124,9 @@ SCRIPT = textwrap.dedent(r'''
     attention(17, 2, 1, 16, 50)
     attention(20, 3, 3, 12, 0)
     attention(20, 2, 1, 16, 0, nonfinite=True)
+    # the packed kernel at head_dim 144: its running sums' columns past 128 in shared memory, 18
+    # n-tiles of P·V two at a time
+    attention(17, 2, 1, 144, 70)
     print("RESULT " + json.dumps(res))
 ''')
 
@@ -135,6 +138,6 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 20
+    assert len(res) == 21
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"

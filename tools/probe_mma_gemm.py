@@ -1,6 +1,6 @@
 """exact-bf16 tensor-core GEMM probe (issue #19), < 90 s on an H200:
 
-    python tools/probe_mma_gemm.py --out DIR [--weights bf16] [--shapes prime | "R,K,N;..."]
+    python tools/probe_mma_gemm.py --out DIR [--weights bf16] [--shapes prime | "R,K,N;..."] [--g16 NAME,...]
 
 For each shape (decode rows, a prime chunk, bench-8l-like widths) and each resident form of W
 (``--weights``: float32 of bf16 values, bf16 bits): ``linear_mma`` on the GPU
@@ -55,6 +55,38 @@ def check_compile() -> int:
     return 0 if ok else 1
 
 
+def _g16_configs(names, dX, dW, want, R, K, N, reps):
+    """Each packed-X GEMM configuration's time (GEMM launches only, X packed once before) and
+    whether its output equals ``want`` (the production kernel's, checked against the twin)."""
+    from numba import cuda
+
+    from numba_kernels import mma_tc
+    from numba_kernels.launch import launch
+
+    Xp = mma_tc._packed_x(dX, R, K)
+    res = {}
+    for name in names:
+        bm, bn = mma_tc.G16_CONFIGS[name][:2]
+        k = mma_tc.g16_kernel(name)
+        out = cuda.device_array((R, N), np.float32)
+
+        def run():
+            launch(k, ((N + bn - 1) // bn, (R + bm - 1) // bm), k.threads, Xp, dW.view(np.uint32), out.view(np.uint32), R)
+
+        run()
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            run()
+        cuda.synchronize()
+        t = (time.perf_counter() - t0) / reps
+        same = bool(np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32)))
+        res[name] = {"s": t, "tflops": 2 * R * N * K / t / 1e12, "same_as_production": same}
+        print(f"    g16 {name:12s}: {t * 1e3:8.3f} ms ({res[name]['tflops']:6.1f} TFLOP/s) "
+              f"{'same bits' if same else 'DIFFERS from production'}", flush=True)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for probe-mma-gemm.json")
@@ -63,6 +95,9 @@ def main() -> int:
     ap.add_argument("--check-compile", action="store_true", help="compile for sm_90 and count HMMA (no GPU)")
     ap.add_argument("--shapes", default=None,
                     help='R,K,N;R,K,N... instead of the default shapes ("prime": bench-8l\'s at 4,096 rows)')
+    ap.add_argument("--g16", default=None,
+                    help="also time these packed-X GEMM configurations (mma_tc.G16_CONFIGS names, comma-separated; "
+                         "bf16 weights, from W16_MIN_ROWS rows), each bitwise against the production one")
     a = ap.parse_args()
     shapes = SHAPES if not a.shapes else PRIME_SHAPES if a.shapes == "prime" else [
         tuple(int(v) for v in sh.split(",")) for sh in a.shapes.split(";")]
@@ -78,6 +113,11 @@ def main() -> int:
     from harness.engine.bf16 import narrow
     from harness.engine.modes import round_bf16
     from numba_kernels import cpu, cuda as kc
+    from numba_kernels import mma_tc
+
+    bad = [n for n in (a.g16.split(",") if a.g16 else []) if n not in mma_tc.G16_CONFIGS]
+    if bad:
+        ap.error(f"--g16: unknown configuration(s) {bad}; known: {', '.join(mma_tc.G16_CONFIGS)}")
 
     rng = np.random.default_rng(0)
     rows = []
@@ -113,6 +153,10 @@ def main() -> int:
         row = {"R": R, "K": K, "N": N, "weights": wt, "bitwise_sampled_rows": same, "rows_checked": len(pick),
                "ours_s": t_ours, "torch_bf16_s": t_torch, "bf16_weight_floor_s": floor,
                "ours_tflops": 2 * R * N * K / t_ours / 1e12, "torch_tflops": 2 * R * N * K / t_torch / 1e12}
+        if a.g16 and wt == "bf16" and R >= mma_tc.W16_MIN_ROWS:
+            row["g16"] = _g16_configs(a.g16.split(","), dX, dW, got, R, K, N, reps)
+            same &= all(v["same_as_production"] for v in row["g16"].values())
+            row["bitwise_sampled_rows"] = same
         rows.append(row)
         print(f"R{R:5d} K{K:5d} N{N:5d} W {wt:4s}: {'bitwise' if same else 'DIFFERS'} ({len(pick)} rows); ours "
               f"{t_ours * 1e3:8.3f} ms ({row['ours_tflops']:6.1f} TFLOP/s), torch bf16 {t_torch * 1e3:8.3f} ms, "

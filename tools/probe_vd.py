@@ -93,7 +93,7 @@ def main() -> int:
             dX = cuda.to_device(X)
             ref = None
             xrows = mma_tc.vd_rows(R)
-            wide = xrows <= mma_tc.VD_WIDE_MAX_ROWS and N <= mma_tc.VD_WIDE_MAX_N  # as _linear_w16
+            wide = mma_tc.vd_wide(R, N)  # as _linear_w16
             prod = (mma_tc.VD_WIDE_KT if wide else mma_tc.V16_KT, mma_tc.V16_STAGES)
             Xp = cuda.device_array((R, K // 2), np.uint32)  # packed once for every variant
             mma_tc.mma_pack_x_k[(R * (K // 4) + 255) // 256, 256](dX.view(np.uint32), Xp, R)
