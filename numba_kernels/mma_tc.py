@@ -455,9 +455,9 @@ def mma_pack_x_k(Xu, Xp, R):
 
 def _g16_kernel(bm=128, bn=128, stages=3, wmn=2, wnn=4):
     """The packed-X GEMM with bm × bn block tiles (bm rows of X, bn of W), ``stages`` 32-k stages,
-    wmn × wnn warps, each a (bm / wmn) × (bn / wnn) sub-tile of 16 × 8 MMA tiles (see above; the
-    production configuration is the default). Every configuration gives each output the same
-    chain, so the same bits; it must fit 48 KB of static shared memory."""
+    wmn × wnn warps, each a (bm / wmn) × (bn / wnn) sub-tile of 16 × 8 MMA tiles (see above; G16
+    names the production configuration). Every configuration gives each output the same chain,
+    so the same bits; it must fit 48 KB of static shared memory."""
     threads = 32 * wmn * wnn
     ti, tj = bm // wmn // 16, bn // wnn // 8  # MMA tiles of a warp: row tiles, column tiles
     rows = bm + bn  # shared rows a stage: X then W, 16 words (32 k) each
@@ -582,11 +582,14 @@ def _g16_kernel(bm=128, bn=128, stages=3, wmn=2, wnn=4):
     return linear_mma_g16_k
 
 
-# (bm, bn, stages, warps down, warps across): the production configuration first (G16), then the
-# others tools/probe_mma_gemm.py --g16 times against it (each bitwise the same by construction)
+# (bm, bn, stages, warps down, warps across), each bitwise the same by construction;
+# tools/probe_mma_gemm.py --g16 times them against production (G16). On the H200 at e85c484, over
+# bench-8l's five prime shapes at 4,096 rows: 128x128x3w4 (4 warps of 64 × 64) 2.43 ms, 128x128x3
+# (8 warps of 64 × 32) 2.52, 64x128x4 2.68, 128x256x2 and 256x128x2 3.36
+# (receipts/probes/h200-probe-mma-gemm-g16-e85c484.log).
 G16_CONFIGS = {"128x128x3": (128, 128, 3, 2, 4), "128x256x2": (128, 256, 2, 2, 8), "256x128x2": (256, 128, 2, 4, 4),
                "64x128x4": (64, 128, 4, 1, 4), "128x128x3w4": (128, 128, 3, 2, 2)}
-G16 = "128x128x3"
+G16 = "128x128x3w4"
 G16_M, G16_N = G16_CONFIGS[G16][:2]
 G16_KERNELS = {}
 
