@@ -10,6 +10,9 @@
 # bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy, warp-state, instruction and
 # source-counter (stall reasons by instruction) sections and the stall metrics on its production kernel (NCU_VD_ARGS, e.g.
 # --shapes "gdn out"); NCU_ATTN=1 the same on one 4,096-row launch of the packed attention (tools/probe_attn_pk.py).
+# NCU_PRIME=1: Nsight Compute's per-kernel time, warp instructions and DRAM bytes of one 4,096-token chunk of the
+# bench-8l prime in MODE (default exact-bf16) at each start of NCU_PRIME_STARTS (default "0 28672": the first and the
+# last chunk of a 32 k prime; tools/profile_prime_mma.py --ncu-chunk, tools/ncu_summary.py).
 # GEMM=1 runs tools/probe_mma_gemm.py (bf16 weights, bench-8l's prime shapes; GEMM_ARGS adds options, e.g. --g16 NAMES
 # with patches/next-g16-tiles.patch), ATTN=1 tools/probe_attn_pk.py (ATTN_ARGS, e.g. --configs), PRIME=1
 # tools/profile_prime_mma.py --lengths 4096,32768 (the exact-bf16 bench-8l prime, per op); each bounded by T_PROBE (150 s).
@@ -67,6 +70,15 @@ if [ "${NCU_ATTN:-0}" = 1 ] && command -v ncu > /dev/null; then  # the packed at
   ncu --clock-control none --kernel-name regex:attention_mma_pk_k --launch-count 1 $NCU_SECTIONS --csv --page details \
     python tools/probe_attn_pk.py --out "$out/ncu-attn" --configs 4,2,128 --starts 0 > "$out/ncu-attn.csv" 2> "$out/ncu-attn.log"
   echo "ncu-attn exit $?" >> "$out/jobs.txt"
+fi
+if [ "${NCU_PRIME:-0}" = 1 ] && command -v ncu > /dev/null; then
+  for st in ${NCU_PRIME_STARTS:-0 28672}; do
+    ncu --clock-control none --profile-from-start off --csv \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      python tools/profile_prime_mma.py --out "$out/x.json" --ncu-chunk "$st" $mode > "$out/ncu-prime-$st.csv" \
+      2> "$out/ncu-prime-$st.log"
+    echo "ncu-prime-$st exit $?" >> "$out/jobs.txt"; python tools/ncu_summary.py "$out/ncu-prime-$st.csv" | head -n 30
+  done
 fi
 probe() {  # name, then the command: bounded, its output in $out/NAME.log, its exit in jobs.txt
   local name=$1; shift

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Sum Nsight Compute's per-kernel durations by kernel name (the CSV of
 ``ncu --csv --metrics gpu__time_duration.sum``, e.g. from tools/decode_profile.py --ncu-step).
+Where the CSV also has ``smsp__inst_executed.sum`` and ``dram__bytes_read.sum`` /
+``dram__bytes_write.sum`` (tools/dev_check.sh's NCU_PRIME step), each kernel's line adds its
+warp instructions and the DRAM bytes it moved, and the rate those bytes make over its time.
 
     python tools/ncu_summary.py kernels.csv [more.csv ...]
 """
@@ -9,33 +12,44 @@ import csv
 import io
 import sys
 
+_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "inst": 1.0, "": 1.0}
+_EXTRA = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
+
 
 def summary(path: str) -> tuple[int, float, dict]:
-    """(kernels, total µs, {kernel name: [launches, µs]}) of one ncu CSV."""
+    """(kernels, total µs, {kernel name: [launches, µs, {extra metric: sum}]}) of one ncu CSV."""
     lines = open(path, encoding="utf-8").read().splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     by_name: dict = {}
     total = 0.0
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines[head:]))))
-    for r in rows:
-        if r.get("Metric Name") != "gpu__time_duration.sum":
+    for r in csv.DictReader(io.StringIO("\n".join(lines[head:]))):
+        metric = r.get("Metric Name")
+        if metric != "gpu__time_duration.sum" and metric not in _EXTRA:
             continue
         name = r["Kernel Name"].split("[")[0].split("(")[0]
-        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
-        us = float(r["Metric Value"].replace(",", "")) * scale
-        n = by_name.setdefault(name, [0, 0.0])
-        n[0] += 1
-        n[1] += us
-        total += us
-    return sum(n for n, _ in by_name.values()), total, by_name
+        v = float(r["Metric Value"].replace(",", "")) * _SCALE.get(r["Metric Unit"], 1.0)
+        n = by_name.setdefault(name, [0, 0.0, {}])
+        if metric == "gpu__time_duration.sum":
+            n[0] += 1
+            n[1] += v
+            total += v
+        else:
+            n[2][metric] = n[2].get(metric, 0.0) + v
+    return sum(n[0] for n in by_name.values()), total, by_name
 
 
 def main(argv=None) -> int:
     for path in argv if argv is not None else sys.argv[1:]:
         n, total, by_name = summary(path)
         print(f"{path}: {n} kernels, {total:.1f} µs")
-        for name, (k, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-            print(f"  {k:4d} {us:9.1f}  {name}")
+        for name, (k, us, extra) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+            line = f"  {k:4d} {us:9.1f}  {name}"
+            if extra:
+                inst = extra.get("smsp__inst_executed.sum", 0.0)
+                dram = extra.get("dram__bytes_read.sum", 0.0) + extra.get("dram__bytes_write.sum", 0.0)
+                line += f"  [{inst / 1e6:8.1f} M warp-inst, {dram / 1e6:8.1f} MB DRAM, {dram / us / 1e6 if us else 0:5.2f} TB/s]"
+            print(line)
     return 0
 
 

@@ -1,6 +1,8 @@
 """exact-bf16 prime on bench-8l, timed and profiled per op (issue #19), on a GPU:
 
     python tools/profile_prime_mma.py --out FILE.json [--lengths 4096,16384] [--attention-rows 4096] [--mode exact]
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
+        python tools/profile_prime_mma.py --out FILE.json --ncu-chunk 28672 > kernels.csv
 
 Builds bench-8l as ``harness bench`` does (random weights, seeded; needs torch + transformers),
 primes each length in the mode (default exact-bf16; after a warm-up prime, the best of two up to
@@ -9,7 +11,9 @@ primes each length in the mode (default exact-bf16; after a warm-up prime, the b
 alone at ``--attention-rows`` rows from position 0 (the tensor-core kernel where the tree has one,
 branch ``next/mma-tc``, else the op as dispatched; with ``--tiled`` also the one-block-per-(row,
 head) kernel; each the best of its runs, the first of which compiles). With ``--mode exact``
-the attention is not timed.
+the attention is not timed. ``--ncu-chunk START`` instead primes START tokens, then brackets the
+next ``--ncu-rows`` (default 4,096: one chunk of a long prime) with cudaProfilerStart/Stop, for
+Nsight Compute's per-kernel view of that chunk (``tools/ncu_summary.py``), and times nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiled", action="store_true", help="also time the one-block-per-(row, head) kernel")
     ap.add_argument("--mode", default="exact-bf16",
                     help="the engine's mode (exact: the float32 prime, no attention timing)")
+    ap.add_argument("--ncu-chunk", type=int, default=-1,
+                    help="prime this many tokens, then profile the next --ncu-rows (see above)")
+    ap.add_argument("--ncu-rows", type=int, default=4096)
     a = ap.parse_args(argv)
     from harness.engine.model import Engine
     from harness.gpu.bench import bench_checkpoint, profile_step
@@ -57,6 +64,10 @@ def main(argv=None) -> int:
         return time.perf_counter() - t0
 
     prime(lengths[0])  # compile
+    if a.ncu_chunk >= 0:
+        return ncu_chunk(eng, ids if a.ncu_chunk + a.ncu_rows <= len(ids) else
+                         np.random.default_rng(0).integers(0, ck.config.vocab_size, a.ncu_chunk + a.ncu_rows).tolist(),
+                         a.ncu_chunk, a.ncu_rows)
     for n in lengths:
         ts = [prime(n) for _ in range(2 if n <= 8192 else 1)]
         res["lengths"][n] = {"s": min(ts), "tokens_per_s": n / min(ts)}
@@ -68,6 +79,22 @@ def main(argv=None) -> int:
     if a.mode == "exact-bf16":
         res["attention"] = attention_times(ck.config, a.attention_rows, a.tiled)
     write_text_atomic(a.out, json.dumps(res, indent=1, default=str))
+    return 0
+
+
+def ncu_chunk(eng, ids, start, rows) -> int:
+    """Prime ``start`` tokens unprofiled, then the next ``rows`` between cudaProfilerStart/Stop."""
+    from numba import cuda
+
+    s = eng.new_session(start + rows + 64)
+    if start:
+        eng.prime(s, ids[:start])
+    eng.B.synchronize()
+    cuda.profile_start()
+    eng.prime(s, ids[start:start + rows])
+    eng.B.synchronize()
+    cuda.profile_stop()
+    print(f"profiled the prime of tokens {start}..{start + rows}", flush=True)
     return 0
 
 
