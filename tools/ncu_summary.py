@@ -13,7 +13,7 @@ import io
 import sys
 
 _SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
-          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "inst": 1.0, "": 1.0}
+          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "inst": 1.0}
 _EXTRA = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
@@ -28,7 +28,9 @@ def summary(path: str) -> tuple[int, float, dict]:
         if metric != "gpu__time_duration.sum" and metric not in _EXTRA:
             continue
         name = r["Kernel Name"].split("[")[0].split("(")[0]
-        v = float(r["Metric Value"].replace(",", "")) * _SCALE.get(r["Metric Unit"], 1.0)
+        if r["Metric Unit"] not in _SCALE:
+            raise SystemExit(f"ncu_summary: {path}: unknown unit {r['Metric Unit']!r} of {metric}")
+        v = float(r["Metric Value"].replace(",", "")) * _SCALE[r["Metric Unit"]]
         n = by_name.setdefault(name, [0, 0.0, {}])
         if metric == "gpu__time_duration.sum":
             n[0] += 1

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
         _, ck = bench_checkpoint(tmp)
     eng = Engine(ck, "cuda", check_finite=True, mode=a.mode)
     lengths = [int(x) for x in a.lengths.split(",")]
-    ids = np.random.default_rng(0).integers(0, ck.config.vocab_size, max(lengths)).tolist()
+    n_ids = max(lengths) if a.ncu_chunk < 0 else max(max(lengths), a.ncu_chunk + a.ncu_rows)
+    ids = np.random.default_rng(0).integers(0, ck.config.vocab_size, n_ids).tolist()
 
     def prime(n):
         s = eng.new_session(n + 64)
@@ -65,9 +66,7 @@ def main(argv=None) -> int:
 
     prime(lengths[0])  # compile
     if a.ncu_chunk >= 0:
-        return ncu_chunk(eng, ids if a.ncu_chunk + a.ncu_rows <= len(ids) else
-                         np.random.default_rng(0).integers(0, ck.config.vocab_size, a.ncu_chunk + a.ncu_rows).tolist(),
-                         a.ncu_chunk, a.ncu_rows)
+        return ncu_chunk(eng, ids, a.ncu_chunk, a.ncu_rows)
     for n in lengths:
         ts = [prime(n) for _ in range(2 if n <= 8192 else 1)]
         res["lengths"][n] = {"s": min(ts), "tokens_per_s": n / min(ts)}
