@@ -48,7 +48,30 @@ def test_compiles_a_recorded_kernel_and_reports_what_the_compiler_rejects(monkey
            {"kind": "kernel", "name": "missing_k", "sigs": [[["scalar", "int64"]]]}]
     rows = {r["kernel"]: r for r in chk.compile_all(rec, only={"rmsnorm_k", "bad_k", "missing_k"})}
     assert rows["rmsnorm_k"]["ok"], rows["rmsnorm_k"]
+    assert rows["rmsnorm_k"]["ptx_instructions"] > 20  # a row norm: loads, an fma chain, a sum, stores
     assert not rows["bad_k"]["ok"] and rows["bad_k"]["error"]
     assert not rows["missing_k"]["ok"] and "no CUDA kernel named missing_k" in rows["missing_k"]["error"]
     import numba.cuda.dispatcher as dispatcher
     assert dispatcher.get_current_device.__name__ != "<lambda>"  # the stand-in device is gone again
+
+
+def test_ptx_count_counts_the_entry_functions_instructions():
+    ptx = """.version 8.0
+.visible .func helper() { ret; }
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .f32 %f<4>;
+	ld.param.u64 %rd1, [k_param_0];
+// a comment; with a semicolon
+$L__BB0_1:
+	fma.rn.f32 %f1, %f2, %f3, %f1;
+	{
+	.reg .pred q;
+	setp.ne.b32 q, %r1, 0;
+	}
+	ret;
+}
+"""
+    assert chk.ptx_count(ptx) == 4  # ld.param, fma, setp, ret (not the helper, directives, label, comment)

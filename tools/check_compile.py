@@ -17,6 +17,9 @@ that is an expression instead of a named constant, a register budget that spills
 3. with ``--ptxas`` (needs ``ptxas`` on PATH), assembles each PTX for sm_90 and reports the
    registers and any spill.
 
+Each line also gives the kernel's static PTX instruction count (``ptx_count``: the instructions of
+its entry function; a proxy, before ptxas, for the instruction work a change adds or removes).
+
 Prints one line per compiled kernel and exits 1 if any fails. A generated kernel is compiled in
 the configurations the op cases use, not every configuration a model's shapes pick.
 """
@@ -141,6 +144,14 @@ def _ptxas(ptx, max_registers=None):
     return max(regs or [0]), max(spills or [0]), None
 
 
+def ptx_count(ptx: str) -> int:
+    """The instructions of the PTX's entry function (statements, not directives, labels or
+    comments; an inline-asm block's instructions counted one by one)."""
+    body = ptx[ptx.index(".entry"):]
+    return sum(1 for line in body.splitlines()
+               if ";" in line and not line.strip().startswith((".", "//", "{", "}")))
+
+
 def compile_all(recorded, only=None, ptxas=False):
     """Compile every recorded (kernel, signature) and the tensor-core kernels; returns rows."""
     import numpy as np
@@ -204,7 +215,7 @@ def _compile_all(recorded, only, ptxas):
                 raise LookupError(f"no CUDA kernel named {name} in numba_kernels.cuda")
             lb = opts.get("launch_bounds")
             ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **({"launch_bounds": lb} if lb else {}))
-            row["ok"] = True
+            row.update(ok=True, ptx_instructions=ptx_count(ptx))
             if ptxas:
                 regs, spill, err = _ptxas(ptx, opts.get("max_registers"))
                 row.update(registers=regs, spill_bytes=spill)
@@ -214,7 +225,8 @@ def _compile_all(recorded, only, ptxas):
             row.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
         row["seconds"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
-        extra = f" {row['registers']} regs, {row['spill_bytes']} B spilled" if "registers" in row else ""
+        extra = f" {row['ptx_instructions']} PTX instructions" if "ptx_instructions" in row else ""
+        extra += f", {row['registers']} regs, {row['spill_bytes']} B spilled" if "registers" in row else ""
         print(f"{'ok  ' if row['ok'] else 'FAIL'} {name}({row['signature']}){extra}"
               + ("" if row["ok"] else f"\n     {row['error']}"), flush=True)
     return rows
