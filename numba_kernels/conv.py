@@ -14,24 +14,43 @@ the rows need no order.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .dispatch import CONV_SEQ_MAX_ROWS
-from .exact import ZERO, fma_chain, silu32
+from .exact import ZERO, silu32
 from .tags import body, cuda, fma, grid1, kernel, launch, launcher, twin
 
 
 @body
 def conv_channel(X, xo, W, state, out, c, T, K, cap, capture):
-    """Channel c over T rows (see the module docstring)."""
-    for t in range(T):
-        x = X[t, xo + c]
-        out[t, c] = silu32(fma(W[c, K - 1], x, fma_chain(W[c], state[:, c], K - 1, 0)))
-        for j in range(K - 2):
-            state[j, c] = state[j + 1, c]
+    """Channel c over T rows (see the module docstring): the state's taps as an fma chain from +0
+    in tap order (``fma_chain(W[c], state[:, c], K − 1, 0)`` written out), then the new input's
+    tap. Unsigned indices and counters: no negative-index wrap code, no range-iterator bookkeeping."""
+    cu = np.uint64(c)
+    xc = np.uint64(xo + c)
+    k1 = np.uint64(K - 1)
+    one = np.uint64(1)
+    t = np.uint64(0)
+    while t < np.uint64(T):
+        x = X[t, xc]
+        part = ZERO
+        j = np.uint64(0)
+        while j < k1:
+            part = fma(W[cu, j], state[j, cu], part)
+            j += one
+        out[t, cu] = silu32(fma(W[cu, k1], x, part))
+        j = np.uint64(0)
+        while j + one < k1:
+            state[j, cu] = state[j + one, cu]
+            j += one
         if K > 1:
-            state[K - 2, c] = x
+            state[k1 - one, cu] = x
         if capture:
-            for j in range(K - 1):
-                cap[t, j, c] = state[j, c]
+            j = np.uint64(0)
+            while j < k1:
+                cap[t, j, cu] = state[j, cu]
+                j += one
+        t += one
 
 
 @twin("conv1d_silu")
@@ -61,11 +80,25 @@ def conv_in(X, xo, state, c, s, K):
 
 @body
 def conv_at(X, xo, W, state, out, c, t, K, cap, capture):
-    """Row t of channel c: :func:`conv_channel`'s arithmetic on the row's window of inputs."""
+    """Row t of channel c: :func:`conv_channel`'s arithmetic on the row's window of inputs. Where
+    the window lies in X (every row from K−1 on) the taps are read at unsigned indices by an
+    unsigned counter: the same fma chain, without the signed indices' negative-index wrap code
+    and the range iterator's bookkeeping (a branch and 64-bit index arithmetic a tap before; the
+    prime's conv instruction-bound at 0.57 TB/s: receipts/probes/README.md)."""
     part = ZERO
-    for j in range(K - 1):
-        part = fma(W[c, j], conv_in(X, xo, state, c, t - (K - 1) + j, K), part)
-    out[t, c] = silu32(fma(W[c, K - 1], X[t, xo + c], part))
+    cu = np.uint64(c)
+    xc = np.uint64(xo + c)
+    if t >= K - 1:
+        r = np.uint64(t - (K - 1))
+        k1 = np.uint64(K - 1)
+        j = np.uint64(0)
+        while j < k1:
+            part = fma(W[cu, j], X[r + j, xc], part)
+            j += np.uint64(1)
+    else:
+        for j in range(K - 1):
+            part = fma(W[c, j], conv_in(X, xo, state, c, t - (K - 1) + j, K), part)
+    out[np.uint64(t), cu] = silu32(fma(W[cu, np.uint64(K - 1)], X[np.uint64(t), xc], part))
     if capture:
         for j in range(K - 1):
             cap[t, j, c] = conv_in(X, xo, state, c, t - (K - 2) + j, K)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
-from .norms import NORM_THREADS, PS_WORDS, block_sumsq
+from .norms import NORM_THREADS, PS_WORDS, block_sumsq2
 from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
                    launch, launcher, prange, sqrt32, twin)
 
@@ -54,10 +54,14 @@ def l2_inv(X, r, off, n):
 @body
 def qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, i0, step):
     """Key head h of row r, elements i in range(i0, dk, step): q·iq·qscale into Qn, k·ik into Kn."""
-    o = h * dk
-    for i in range(i0, dk, step):
-        Qn[r, o + i] = fmul(fmul(QKV[r, o + i], iq), qscale)
-        Kn[r, o + i] = fmul(QKV[r, kd + o + i], ik)
+    ru = np.uint64(r)
+    o = np.uint64(h * dk)
+    ko = np.uint64(kd + h * dk)
+    i = np.uint64(i0)
+    while i < np.uint64(dk):  # unsigned: no negative-index wrap code
+        Qn[ru, o + i] = fmul(fmul(QKV[ru, o + i], iq), qscale)
+        Kn[ru, o + i] = fmul(QKV[ru, ko + i], ik)
+        i += np.uint64(step)
 
 
 @body
@@ -87,18 +91,20 @@ def gdn_prep_cpu(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, be
 
 @kernel
 def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta, g, R):
-    """One block per (row, key head): the two L2 norms with :func:`block_sumsq`, then the value
-    heads v ≡ h (mod hk) of the row's beta and g."""
+    """One block per (row, key head): the value heads v ≡ h (mod hk) of the row's beta and g by
+    the block's last threads while its first run the slice chains of the two L2 norms, side by
+    side (:func:`block_sumsq2`: on a decode step, whose one row makes few blocks, the latency of
+    those serial chains and of beta's and g's exp and log is the kernel's), then q and k
+    normalised. Each output the twin's arithmetic; only independent work moved."""
     b = cuda.blockIdx.x
     r = b // hk
     h = b - r * hk
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
-    iq = l2_scale(block_sumsq(QKV, r, h * dk, dk, ps, tid, nt))
-    ik = l2_scale(block_sumsq(QKV, r, kd + h * dk, dk, ps, tid, nt))
-    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, iq, ik, tid, nt)
-    for v in range(h + tid * hk, nv, nt * hk):
+    for v in range(h + (nt - 1 - tid) * hk, nv, nt * hk):
         beta_g_at(BA, bo, nv, A_log, dt_bias, beta, g, r, v)
+    sq, sk = block_sumsq2(QKV, r, h * dk, kd + h * dk, dk, ps, tid, nt)
+    qk_norm_span(QKV, kd, dk, qscale, Qn, Kn, r, h, l2_scale(sq), l2_scale(sk), tid, nt)
 
 
 @launcher("gdn_prep")

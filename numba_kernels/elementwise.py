@@ -109,7 +109,8 @@ def add_cuda(X, Y, out, R):
 
 @body
 def swiglu_at(GU, I, out, r, c):
-    out[r, c] = fmul(silu32(GU[r, c]), GU[r, I + c])
+    ru, cu = np.uint64(r), np.uint64(c)  # unsigned: no negative-index wrap code
+    out[ru, cu] = fmul(silu32(GU[ru, cu]), GU[ru, np.uint64(I + c)])
 
 
 @twin("swiglu_act")
@@ -135,7 +136,8 @@ def swiglu_act_cuda(GU, I, out, R):
 
 @body
 def gate_at(O, G, go, out, r, c):
-    out[r, c] = fmul(O[r, c], sigmoid32(G[r, go + c]))
+    ru, cu = np.uint64(r), np.uint64(c)  # unsigned: no negative-index wrap code
+    out[ru, cu] = fmul(O[ru, cu], sigmoid32(G[ru, np.uint64(go + c)]))
 
 
 @twin("sigmoid_gate")

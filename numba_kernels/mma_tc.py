@@ -621,9 +621,9 @@ linear_mma_g16_k = g16_kernel()
 # (With a branch and Numba's 64-bit index arithmetic a row, a stage's copies cost ~170 PTX
 # instructions, the stage's 16 MMA steps ~100: 86 cycles a step at 4.2 cycles an instruction on
 # the 2,048-output shapes, Nsight Compute at b7fc84c.) A copy's addresses are one add each from
-# byte offsets computed once per row (cp16b: ~5 PTX instructions a copy where the flat-offset
-# copy took ~9 with its 64-bit index arithmetic; Nsight Compute at cbb2621 counted ~15
-# instructions a step on gdn out at one row, the stage's copies more than half of them). Up to 8 rows the
+# byte offsets computed once per row (cp16b: the flat-offset copy carried 64-bit index
+# arithmetic a copy; Nsight Compute at cbb2621 counted ~15 instructions a step on gdn out at one
+# row, the stage's copies more than half of them). Up to 8 rows the
 # kernel built with xrows = 8 runs: rows g + 8 are neither staged nor read (their A registers are
 # +0), so a block takes 32 KB of shared memory, not 48.
 V16_KT = 256  # k per stage
@@ -889,6 +889,16 @@ ATT_TC_WARPS = 2  # warps per block: heads of the same 16 rows (the block's shar
 ATT_TC_MAX_D = 256  # head_dim at most this (sO's columns)
 _SST = ATT_TILE + 4  # the score tile's row stride (floats)
 _SOS = ATT_TC_MAX_D + 8  # sO's row stride (floats: rows g and g + 4 of a fragment meet in a bank, no more)
+# attention_mma_pk_k holds its score tiles and running Σ p·v as flat arrays, [warp, row, column]
+# in C order, read and written at unsigned offsets computed once per lane: indexed as 3-D arrays by
+# Numba's signed 64-bit indices, each access carried 64-bit address arithmetic and Numba's
+# negative-index wrap code (PTX), and a 64-key tile at head_dim 256 makes 128 merges and 96
+# score accesses a lane.
+_SS_WORDS = ATT_TC_WARPS * 16 * _SST
+_SO_WORDS = ATT_TC_WARPS * 16 * _SOS
+_U1 = np.uint64(1)
+_S8 = np.uint64(8 * _SST)
+_O8 = np.uint64(8 * _SOS)
 
 
 @cuda.jit(device=True, inline=True)
@@ -932,7 +942,7 @@ def _vbad(u):
 def _row_max(srow, n):
     """The max of srow[0 .. n-1] (n ≥ 1) in key order: the first of tied values, a NaN only if
     srow[0] is one (the twin's loop). An unsigned counter walks the row: no negative-index wrap
-    code and no range-iterator bookkeeping a key (~15 instructions a key before, ~3 now)."""
+    code and no range-iterator bookkeeping a key (read in the PTX)."""
     nu = np.uint64(n)
     mt = srow[0]
     j = np.uint64(1)
@@ -974,7 +984,7 @@ def _row_sum(srow, n):
 # fallback reads the float32 V.
 PK_BLOCK = 256  # threads per block of the packing kernels
 PK_KT = 4  # K rows (n-tiles of QKᵀ) loaded together in attention_mma_pk_k
-PK_MAX_REGS = 128  # 4 blocks an SM (136 unbounded; 20 bytes spill at 128)
+PK_MAX_REGS = 168  # ≤ 204 costs no occupancy: shared memory (43 KB a block) holds an SM to 5 blocks of 2 warps
 PK_GROUP = 2  # n-tiles of V per group in attention_mma_pk_k's P·V (their loads issued together)
 
 
@@ -1036,9 +1046,9 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
     g = lane >> 2
     q = lane & 3
     h = cuda.blockIdx.y * ATT_TC_WARPS + w
-    sS = cuda.shared.array((ATT_TC_WARPS, 16, _SST), np.float32)
+    sS = cuda.shared.array(_SS_WORDS, np.float32)  # [warp, row, key] flat (see _SS_WORDS)
     sT = cuda.shared.array((ATT_TC_WARPS, 4, 16), np.float32)  # mt, alpha, beta, l per row
-    sO = cuda.shared.array((ATT_TC_WARPS, 16, _SOS), np.float32)  # the running Σ p·v (see above)
+    sO = cuda.shared.array(_SO_WORDS, np.float32)  # the running Σ p·v, [warp, row, column] flat
     if h >= hq:  # uniform over the warp; the block has no block-wide barrier
         return
     r0 = cuda.blockIdx.x * 16
@@ -1084,37 +1094,41 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
                         S[4 * t], S[4 * t + 1], S[4 * t + 2], S[4 * t + 3] = mma_bf16(
                             qa[2], qb[2], qa[3], qb[3], Kr[4 * tt + 2], Kr[4 * tt + 3], S[4 * t], S[4 * t + 1],
                             S[4 * t + 2], S[4 * t + 3])
+        sg = np.uint64((w * 16 + g) * _SST + 2 * q)  # sS[w, g, 2q]; sg + _S8: sS[w, g + 8, 2q]
         for t in range(8):
-            j = 8 * t + 2 * q
-            sS[w, g, j] = fmul(_u2f(S[4 * t]), scale)
-            sS[w, g, j + 1] = fmul(_u2f(S[4 * t + 1]), scale)
-            sS[w, g + 8, j] = fmul(_u2f(S[4 * t + 2]), scale)
-            sS[w, g + 8, j + 1] = fmul(_u2f(S[4 * t + 3]), scale)
+            u = np.uint64(8 * t)  # column j = 8t + 2q of rows g, g + 8
+            sS[sg + u] = fmul(_u2f(S[4 * t]), scale)
+            sS[sg + u + _U1] = fmul(_u2f(S[4 * t + 1]), scale)
+            sS[sg + _S8 + u] = fmul(_u2f(S[4 * t + 2]), scale)
+            sS[sg + _S8 + u + _U1] = fmul(_u2f(S[4 * t + 3]), scale)
         syncwarp()
         # 2. the row's tile max, in key order
         ni = _row_n(base, r0, lane, R, k0)
         if lane < 16 and ni > 0:
-            sT[w, 0, lane] = _row_max(sS[w, lane], ni)
+            sl = np.uint64((w * 16 + lane) * _SST)  # sS[w, lane, 0]
+            sT[w, 0, lane] = _row_max(sS[sl:sl + np.uint64(ATT_TILE)], ni)
         syncwarp()
         # 3. p = exp32(s − mt) (+0 past the row's keys); P's A fragments, bf16
         m0 = sT[w, 0, g]
         m8 = sT[w, 0, g + 8]
         for t in range(8):
             j = 8 * t + 2 * q
-            p00 = exp32(sS[w, g, j] - m0) if j < n0 else ZERO
-            p01 = exp32(sS[w, g, j + 1] - m0) if j + 1 < n0 else ZERO
-            p80 = exp32(sS[w, g + 8, j] - m8) if j < n8 else ZERO
-            p81 = exp32(sS[w, g + 8, j + 1] - m8) if j + 1 < n8 else ZERO
-            sS[w, g, j] = p00
-            sS[w, g, j + 1] = p01
-            sS[w, g + 8, j] = p80
-            sS[w, g + 8, j + 1] = p81
+            u = np.uint64(8 * t)
+            p00 = exp32(sS[sg + u] - m0) if j < n0 else ZERO
+            p01 = exp32(sS[sg + u + _U1] - m0) if j + 1 < n0 else ZERO
+            p80 = exp32(sS[sg + _S8 + u] - m8) if j < n8 else ZERO
+            p81 = exp32(sS[sg + _S8 + u + _U1] - m8) if j + 1 < n8 else ZERO
+            sS[sg + u] = p00
+            sS[sg + u + _U1] = p01
+            sS[sg + _S8 + u] = p80
+            sS[sg + _S8 + u + _U1] = p81
             P[4 * (t >> 1) + 2 * (t & 1)] = _pack(_f2u(p00), _f2u(p01))
             P[4 * (t >> 1) + 2 * (t & 1) + 1] = _pack(_f2u(p80), _f2u(p81))
         syncwarp()
         # 4. Σp in key order, the running (m, l), this tile's (alpha, beta)
         if lane < 16 and ni > 0:
-            lt = _row_sum(sS[w, lane], ni)
+            sl = np.uint64((w * 16 + lane) * _SST)
+            lt = _row_sum(sS[sl:sl + np.uint64(ATT_TILE)], ni)
             m, l, alpha, beta = merge_stats(tix, m, l, sT[w, 0, lane], lt)
             sT[w, 1, lane] = alpha
             sT[w, 2, lane] = beta
@@ -1132,7 +1146,7 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
             bad |= _vbad(Vu[k0 + nlo + kx, kvh * D + x - kx * D])
         if cuda.any_sync(0xFFFFFFFF, bad):
             for x in range(lane, 16 * ATT_TILE, 32):
-                Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[w, x // ATT_TILE, x % ATT_TILE]
+                Pg[wid, x // ATT_TILE, x % ATT_TILE] = sS[(w * 16 + x // ATT_TILE) * _SST + x % ATT_TILE]
             syncwarp()
             for u in range(NU):
                 for e in range(4):
@@ -1141,13 +1155,15 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
                     nr = _row_n(base, r0, rr, R, k0)
                     if nr > 0 and cc < D:
                         pv = mma_f32(mma_dot(Pgu[wid], rr, 0, Vu, k0, kvh * D + cc, 1, 0, nr))
-                        sO[w, rr, cc] = merge_value(tix, sO[w, rr, cc], al0 if e < 2 else al8, pv,
+                        oi = (w * 16 + rr) * _SOS + cc
+                        sO[oi] = merge_value(tix, sO[oi], al0 if e < 2 else al8, pv,
                                                     be0 if e < 2 else be8)
             syncwarp()
         else:
             nsteps = (nhi + 15) >> 4  # key steps with a key some row reads (all-zero steps: no term)
             klim = k0 + nhi
             vt = (kvh * NT + tix) * NU * 256 + 4 * lane
+            og = np.uint64((w * 16 + g) * _SOS + 2 * q)  # sO[w, g, 2q]; og + _O8: sO[w, g + 8, 2q]
             for u0 in range(0, NU, PK_GROUP):
                 for jj in range(PK_GROUP):
                     if u0 + jj < NU:  # uniform
@@ -1170,26 +1186,29 @@ def attention_mma_pk_k(Qp, Kp, Vp, Vu, out, start, pb, R, hq, hkv, D, scale, Pg,
                                     C4[4 * jj + 3])
                 for jj in range(PK_GROUP):
                     if u0 + jj < NU:
-                        ca = 8 * (u0 + jj) + 2 * q  # this lane's columns ca, ca + 1 of the n-tile
+                        cu = np.uint64(8 * (u0 + jj))  # this lane's columns 2q, 2q + 1 of the n-tile
                         if n0 > 0:
-                            sO[w, g, ca] = merge_value(tix, sO[w, g, ca], al0, _u2f(C4[4 * jj]), be0)
-                            sO[w, g, ca + 1] = merge_value(tix, sO[w, g, ca + 1], al0, _u2f(C4[4 * jj + 1]), be0)
+                            a0 = og + cu
+                            sO[a0] = merge_value(tix, sO[a0], al0, _u2f(C4[4 * jj]), be0)
+                            sO[a0 + _U1] = merge_value(tix, sO[a0 + _U1], al0, _u2f(C4[4 * jj + 1]), be0)
                         if n8 > 0:
-                            sO[w, g + 8, ca] = merge_value(tix, sO[w, g + 8, ca], al8, _u2f(C4[4 * jj + 2]), be8)
-                            sO[w, g + 8, ca + 1] = merge_value(tix, sO[w, g + 8, ca + 1], al8, _u2f(C4[4 * jj + 3]),
-                                                               be8)
+                            a8 = og + _O8 + cu
+                            sO[a8] = merge_value(tix, sO[a8], al8, _u2f(C4[4 * jj + 2]), be8)
+                            sO[a8 + _U1] = merge_value(tix, sO[a8 + _U1], al8, _u2f(C4[4 * jj + 3]), be8)
     if lane < 16:
         sT[w, 3, lane] = l
     syncwarp()
     l0 = sT[w, 3, g]
     l8 = sT[w, 3, g + 8]
     qo = h * D
+    og = np.uint64((w * 16 + g) * _SOS + 2 * q)
     for u in range(NU):
         for e in range(4):
             rr = rg + 8 * (e >> 1)
             cc = 8 * u + 2 * q + (e & 1)
             if rr < R and cc < D:
-                out[rr, qo + cc] = attn_out(sO[w, g + 8 * (e >> 1), cc], l0 if e < 2 else l8)
+                out[rr, qo + cc] = attn_out(sO[og + (_O8 if e >= 2 else np.uint64(0)) + np.uint64(8 * u + (e & 1))],
+                                            l0 if e < 2 else l8)
 
 
 def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):

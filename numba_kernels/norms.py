@@ -24,7 +24,7 @@ from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launche
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
 RMS_THREADS = 512  # rmsnorm's block: a row, few outputs per thread (block_size: 32 under the simulator)
 PS_WORDS = 513  # block_sumsq's shared partials: one per thread of the largest block, and the total
-assert PS_WORDS > max(NORM_THREADS, RMS_THREADS)
+assert PS_WORDS > max(NORM_THREADS + 1, RMS_THREADS)
 
 
 @body
@@ -74,6 +74,34 @@ def block_sumsq(X, r, off, n, ps, tid, nt):
 
 
 @body
+def block_sumsq2(X, r, off1, off2, n, ps, tid, nt):
+    """(Σ X[r, off1 + i]², Σ X[r, off2 + i]²) over i < n, side by side: the block's first half
+    runs :func:`block_sumsq`'s passes for the first sum with ``nt / 2`` threads (partials in
+    ps[0 ..]), its second half for the second (ps[nt / 2 ..]); a pass's partials are added left to
+    right into one accumulator whatever the pass width, so each sum is the one block_sumsq
+    returns. ``nt`` even; ``ps`` holds nt + 2 words (the sums at ps[nt], ps[nt + 1])."""
+    half = nt >> 1
+    second = tid >= half
+    t = tid - half if second else tid
+    off = off2 if second else off1
+    base = half if second else 0
+    acc = ZERO
+    per = half * SLICE
+    for c0 in range(0, n, per):
+        k = c0 + t * SLICE
+        if k < n:
+            ps[base + t] = sq_chain(X, r, off + k, min(SLICE, n - k))
+        barrier()
+        if t == 0:
+            acc = add_partials(acc, ps[base:], (min(per, n - c0) + SLICE - 1) // SLICE)
+        barrier()
+    if t == 0:
+        ps[nt + (1 if second else 0)] = acc
+    barrier()
+    return ps[nt], ps[nt + 1]
+
+
+@body
 def norm_val(x, inv, w):
     """One zero-centred norm output: x·inv·(1 + w)."""
     return fmul(fmul(x, inv), ONE + w)
@@ -83,20 +111,25 @@ def norm_val(x, inv, w):
 def norm_span4(X, r, xo, n, w, inv, out, oo, i0, step):
     """:func:`norm_span` by one thread of a block, four items at a time: the four x and w loads
     issued before the four stores (a store may alias a later load, so the compiler would not move
-    the loads up itself); the same outputs."""
-    for i in range(i0, n, 4 * step):
-        i1, i2, i3 = i + step, i + 2 * step, i + 3 * step
-        x0, w0 = X[r, xo + i], w[i]
-        x1, w1 = (X[r, xo + i1], w[i1]) if i1 < n else (ZERO, ZERO)
-        x2, w2 = (X[r, xo + i2], w[i2]) if i2 < n else (ZERO, ZERO)
-        x3, w3 = (X[r, xo + i3], w[i3]) if i3 < n else (ZERO, ZERO)
-        out[r, oo + i] = norm_val(x0, inv, w0)
-        if i1 < n:
-            out[r, oo + i1] = norm_val(x1, inv, w1)
-        if i2 < n:
-            out[r, oo + i2] = norm_val(x2, inv, w2)
-        if i3 < n:
-            out[r, oo + i3] = norm_val(x3, inv, w3)
+    the loads up itself); the same outputs. Unsigned indices: no negative-index wrap code."""
+    ru, xu, ou, nu, su = np.uint64(r), np.uint64(xo), np.uint64(oo), np.uint64(n), np.uint64(step)
+    i = np.uint64(i0)
+    while i < nu:
+        i1 = i + su
+        i2 = i1 + su
+        i3 = i2 + su
+        x0, w0 = X[ru, xu + i], w[i]
+        x1, w1 = (X[ru, xu + i1], w[i1]) if i1 < nu else (ZERO, ZERO)
+        x2, w2 = (X[ru, xu + i2], w[i2]) if i2 < nu else (ZERO, ZERO)
+        x3, w3 = (X[ru, xu + i3], w[i3]) if i3 < nu else (ZERO, ZERO)
+        out[ru, ou + i] = norm_val(x0, inv, w0)
+        if i1 < nu:
+            out[ru, ou + i1] = norm_val(x1, inv, w1)
+        if i2 < nu:
+            out[ru, ou + i2] = norm_val(x2, inv, w2)
+        if i3 < nu:
+            out[ru, ou + i3] = norm_val(x3, inv, w3)
+        i = i3 + su
 
 
 @body
@@ -116,10 +149,13 @@ def norm_head(X, xo, D, w, eps, out, r, h):
 @body
 def gated_span(X, Z, zo, D, w, inv, out, r, h, i0, step):
     """out[r, c] = x·inv·w[i]·silu(Z[r, zo + c]) for c = h·D + i, i in range(i0, D, step)."""
-    o = h * D
-    for i in range(i0, D, step):
-        c = o + i
-        out[r, c] = fmul(fmul(fmul(X[r, c], inv), w[i]), silu32(Z[r, zo + c]))
+    ru = np.uint64(r)
+    o = np.uint64(h * D)
+    zc = np.uint64(zo + h * D)
+    i = np.uint64(i0)
+    while i < np.uint64(D):  # unsigned: no negative-index wrap code (see conv_at)
+        out[ru, o + i] = fmul(fmul(fmul(X[ru, o + i], inv), w[i]), silu32(Z[ru, zc + i]))
+        i += np.uint64(step)
 
 
 @body
@@ -168,24 +204,29 @@ def add_span(X, D, r, i0, n, step):
 @body
 def add_span4(X, D, r, i0, n, step):
     """:func:`add_span` by one thread of a block, four items at a time (the loads of four sums
-    issued before their stores, as :func:`norm_span4`); the same sums and flag."""
+    issued before their stores, as :func:`norm_span4`); the same sums and flag. Unsigned indices."""
     bad = False
-    for i in range(i0, n, 4 * step):
-        i1, i2, i3 = i + step, i + 2 * step, i + 3 * step
-        x0, d0 = X[r, i], D[r, i]
-        x1, d1 = (X[r, i1], D[r, i1]) if i1 < n else (ZERO, ZERO)
-        x2, d2 = (X[r, i2], D[r, i2]) if i2 < n else (ZERO, ZERO)
-        x3, d3 = (X[r, i3], D[r, i3]) if i3 < n else (ZERO, ZERO)
+    ru, nu, su = np.uint64(r), np.uint64(n), np.uint64(step)
+    i = np.uint64(i0)
+    while i < nu:
+        i1 = i + su
+        i2 = i1 + su
+        i3 = i2 + su
+        x0, d0 = X[ru, i], D[ru, i]
+        x1, d1 = (X[ru, i1], D[ru, i1]) if i1 < nu else (ZERO, ZERO)
+        x2, d2 = (X[ru, i2], D[ru, i2]) if i2 < nu else (ZERO, ZERO)
+        x3, d3 = (X[ru, i3], D[ru, i3]) if i3 < nu else (ZERO, ZERO)
         v0, v1, v2, v3 = x0 + d0, x1 + d1, x2 + d2, x3 + d3
-        X[r, i] = v0
-        if i1 < n:
-            X[r, i1] = v1
-        if i2 < n:
-            X[r, i2] = v2
-        if i3 < n:
-            X[r, i3] = v3
+        X[ru, i] = v0
+        if i1 < nu:
+            X[ru, i1] = v1
+        if i2 < nu:
+            X[ru, i2] = v2
+        if i3 < nu:
+            X[ru, i3] = v3
         if nonfinite(v0) or nonfinite(v1) or nonfinite(v2) or nonfinite(v3):
             bad = True
+        i = i3 + su
     return bad
 
 
