@@ -13,6 +13,9 @@ N is the hidden size (2,048 outputs: the DeltaNet's out projection, the MLP's do
 attention's o; the slowest GEMVs of a step per byte), each checked bit for bit against the CPU
 twin first: the data for choosing their configuration. ``--sweep-bf16`` sweeps bf16 weights
 instead (a wider grid, and the large-N shapes too: bf16 GEMVs stream fewer bytes per output).
+``--sweep-large`` adds the large-N shapes (gdn in, mlp gate+up, attention's qkv, the lm head) to a
+float32 sweep: a verify step's 2-5 rows run those 6-37 % slower than one row (Nsight Compute at
+6356ab9, ``receipts/probes/README.md``), e.g. ``--sweep --sweep-large --sweep-rows 1,2,4,5``.
 """
 
 import argparse
@@ -33,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-bf16", action="store_true",
                     help="with --sweep: bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in "
                          "and mlp gate+up)")
+    ap.add_argument("--sweep-large", action="store_true",
+                    help="with --sweep: also the large-N shapes (gdn in, mlp gate+up, attention qkv, the lm head)")
     ap.add_argument("--cold-mb", type=float, default=256.0,
                     help="each timed launch reads a weight copy other than the previous launches' until this many MB "
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
@@ -44,6 +49,8 @@ def main(argv=None) -> int:
         sweep_rows = ()
     if not sweep_rows or not all(1 <= r <= 8 for r in sweep_rows):
         ap.error(f"--sweep-rows {args.sweep_rows!r}: comma-separated row counts from 1 to 8")
+    if (args.sweep_large or args.sweep_bf16) and not args.sweep:
+        ap.error("--sweep-large and --sweep-bf16 go with --sweep")
     if args.reps < 1 or args.cold_mb < 0:
         ap.error("--reps must be at least 1 and --cold-mb not negative")
     from numba import cuda
@@ -122,7 +129,8 @@ def main(argv=None) -> int:
         res["timing"].append(row)
         print("timing", row, flush=True)
     if args.sweep:
-        ok &= sweep(res, rng, timed, shapes=SWEEP_SHAPES + (SWEEP_LARGE if args.sweep_bf16 else ()),
+        large = SWEEP_LARGE + SWEEP_LARGE_F32 if args.sweep_large else SWEEP_LARGE if args.sweep_bf16 else ()
+        ok &= sweep(res, rng, timed, shapes=SWEEP_SHAPES + large,
                     row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
@@ -136,6 +144,7 @@ def main(argv=None) -> int:
 
 SWEEP_SHAPES = (("gdn out", 4096, 2048), ("mlp down", 5632, 2048), ("attn o", 4096, 2048))
 SWEEP_LARGE = (("gdn in", 2048, 12352), ("mlp gate+up", 2048, 11264))
+SWEEP_LARGE_F32 = (("attn qkv", 2048, 9216), ("lm head", 2048, 151936))  # with --sweep-large
 
 
 def copies(W, cold_mb):

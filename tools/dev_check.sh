@@ -4,7 +4,7 @@
 # profile with driver-call times and Nsight Compute's per-kernel times of one captured step.
 #   [OPS=add_rmsnorm,rmsnorm [DC_SHARDS=N]] [NCU=0] [ROWS=1,5] [PROFILE_ARGS="--api-times --cprofile"] [SWEEP=1] bash tools/dev_check.sh OUTDIR
 # SWEEP=1 then times GEMV configurations on the N = 2,048 decode shapes (tools/decode_kernels.py --sweep, L2-cold, ~3-5 min;
-# bounded by T_SWEEP, default 200 s). AB="--weights bf16" runs the decode profile again with those options.
+# bounded by T_SWEEP, default 200 s; SWEEP_ARGS adds options, e.g. "--sweep-large --sweep-rows 1,2,4,5"). AB="--weights bf16" runs the decode profile again with those options.
 # MODE=exact-bf16: the decode profile and the Nsight step in that mode (PROFILE_ARGS gets --mode). MATRIX=0 skips
 # the default matrix, PROFILE=0 the decode profile. VD=1 then runs tools/probe_vd.py (the exact-bf16 GEMV's variants, timed and
 # bitwise; VD_ARGS adds options, e.g. --production) and Nsight Compute's memory, occupancy, warp-state, instruction and
@@ -54,7 +54,7 @@ if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   python tools/ncu_summary.py "$out/ncu-R1.csv"
 fi
 if [ "${SWEEP:-0}" = 1 ]; then
-  timeout "${T_SWEEP:-200}" python tools/decode_kernels.py --out "$out/kernels.json" --sweep > "$out/kernels.log" 2>&1
+  timeout "${T_SWEEP:-200}" python tools/decode_kernels.py --out "$out/kernels.json" --sweep ${SWEEP_ARGS:-} > "$out/kernels.log" 2>&1
   echo "kernels exit $?" >> "$out/jobs.txt"; grep "^sweep" "$out/kernels.log"
 fi
 if [ "${VD:-0}" = 1 ]; then
