@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from harness.atomic import write_text_atomic  # noqa: E402
+from harness.engine.backend import host_view  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -28,6 +29,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--vocab", type=int, default=151936)
     args = ap.parse_args(argv)
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or not all(1 <= r <= 8 for r in rows) or args.reps < 1 or args.vocab < 1:
+        ap.error("--rows: comma-separated row counts from 1 to 8; --reps and --vocab at least 1")
     from numba import cuda
 
     from numba_kernels import cuda as kc
@@ -38,7 +45,7 @@ def main(argv=None) -> int:
     flags = cuda.to_device(np.zeros(4, np.int32))
     res = {"vocab": V, "hidden": H, "rows": {}}
     ok = True
-    for R in [int(r) for r in args.rows.split(",")]:
+    for R in rows:
         X = cuda.to_device(rng.standard_normal((R, H)).astype(np.float32))
         dev = cuda.device_array((R, V), np.float32)
         pinned = cuda.pinned_array((R, V), np.float32)
@@ -66,8 +73,7 @@ def main(argv=None) -> int:
                 fn()
                 ts.append(time.perf_counter() - t)
             times[name] = float(np.median(ts)) * 1e6
-        same = bool(np.array_equal(np.asarray(pinned).view(np.uint32),
-                                   np.ndarray.view(mapped, np.ndarray).view(np.uint32)))
+        same = bool(np.array_equal(host_view(pinned).view(np.uint32), host_view(mapped).view(np.uint32)))
         ok &= same
         res["rows"][R] = {"us": times, "bitwise": same}
         print(f"R {R}: " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()) + f"; bitwise {same}", flush=True)
