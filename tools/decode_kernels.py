@@ -16,6 +16,11 @@ instead (a wider grid, and the large-N shapes too: bf16 GEMVs stream fewer bytes
 ``--sweep-large`` adds the large-N shapes (gdn in, mlp gate+up, attention's qkv, the lm head) to a
 float32 sweep: a verify step's 2-5 rows run those 6-37 % slower than one row (Nsight Compute at
 6356ab9, ``receipts/probes/README.md``), e.g. ``--sweep --sweep-large --sweep-rows 1,2,4,5``.
+``--sweep-attn`` times the split-KV decode attention's block variants (``ATT_SPLIT_VARIANTS``) on
+bench-8l's attention (16 query heads, 2 KV heads, head_dim 256) at ``--attn-ctx`` keys for each
+of ``--sweep-rows`` rows, each bitwise against the CPU twin first: the default block holds all
+R · 8 query vectors of a KV head (5 rows: the 64-vector block, 48 µs for a step's two layers at
+6356ab9 against 20 at one row), a smaller one takes the rows in several blocks.
 """
 
 import argparse
@@ -38,6 +43,9 @@ def main(argv=None) -> int:
                          "and mlp gate+up)")
     ap.add_argument("--sweep-large", action="store_true",
                     help="with --sweep: also the large-N shapes (gdn in, mlp gate+up, attention qkv, the lm head)")
+    ap.add_argument("--sweep-attn", action="store_true",
+                    help="time the split-KV attention's block variants at --sweep-rows rows (bench-8l's attention)")
+    ap.add_argument("--attn-ctx", type=int, default=512, help="--sweep-attn: keys in the cache before the rows")
     ap.add_argument("--cold-mb", type=float, default=256.0,
                     help="each timed launch reads a weight copy other than the previous launches' until this many MB "
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
@@ -51,6 +59,8 @@ def main(argv=None) -> int:
         ap.error(f"--sweep-rows {args.sweep_rows!r}: comma-separated row counts from 1 to 8")
     if (args.sweep_large or args.sweep_bf16) and not args.sweep:
         ap.error("--sweep-large and --sweep-bf16 go with --sweep")
+    if args.attn_ctx < 1:
+        ap.error("--attn-ctx must be at least 1")
     if args.reps < 1 or args.cold_mb < 0:
         ap.error("--reps must be at least 1 and --cold-mb not negative")
     from numba import cuda
@@ -132,6 +142,8 @@ def main(argv=None) -> int:
         large = SWEEP_LARGE + SWEEP_LARGE_F32 if args.sweep_large else SWEEP_LARGE if args.sweep_bf16 else ()
         ok &= sweep(res, rng, timed, shapes=SWEEP_SHAPES + large,
                     row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16)
+    if args.sweep_attn:
+        ok &= sweep_attn(res, rng, timed, sweep_rows, args.attn_ctx)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
     w = cuda.to_device(rng.standard_normal(2048).astype(np.float32))
     y = cuda.device_array((1, 2048), np.float32)
@@ -209,6 +221,46 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
         dflt = next(r for r in rows if r["op"] == name and r["R"] == R and r["default"])
         print(f"sweep {name} R{R}: default {dflt['cfg']} {dflt['us']:.1f} us; best {best['cfg']} {best['us']:.1f} us "
               f"({best['TBps']:.2f} TB/s)", flush=True)
+    return ok
+
+
+def sweep_attn(res, rng, timed, row_counts, ctx, hq=16, hkv=2, D=256) -> bool:
+    """The split-KV attention (``attention_split``) with each block variant of
+    ``ATT_SPLIT_VARIANTS`` that fits, on R query rows at positions ctx .. ctx + R - 1 (a verify
+    step's rows after a ctx-token context): bitwise against the CPU twin, then timed;
+    ``res["sweep_attn"]`` gets one row per (rows, variant), the default's marked."""
+    from numba import cuda
+
+    from numba_kernels import cpu as kp
+    from numba_kernels import cuda as kc
+    from numba_kernels.attention import ATT_SPLIT_VARIANTS, split_config
+
+    ok, rows = True, res.setdefault("sweep_attn", [])
+    scale = np.float32(D ** -0.5)
+    for R in row_counts:
+        cap = ctx + R
+        Q = rng.standard_normal((R, hq * D)).astype(np.float32)
+        K = rng.standard_normal((cap, hkv * D)).astype(np.float32)
+        V = rng.standard_normal((cap, hkv * D)).astype(np.float32)
+        want = np.zeros((R, hq * D), np.float32)
+        kp.attention(Q, K, V, want, ctx, R, hq, hkv, D, scale)
+        dQ, dK, dV, d = cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), cuda.device_array((R, hq * D), np.float32)
+        default = split_config(R, hq, hkv, D).name
+        for v in ATT_SPLIT_VARIANTS:
+            try:
+                cfg = split_config(R, hq, hkv, D, variant=v)
+            except ValueError:
+                continue
+            d.copy_to_device(np.zeros((R, hq * D), np.float32))
+            ran = kc.attention_split(dQ, dK, dV, d, ctx, R, hq, hkv, D, scale, cfg=cfg)
+            same = bool(ran) and bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
+            ok &= same
+            us = timed(lambda _: kc.attention_split(dQ, dK, dV, d, ctx, R, hq, hkv, D, scale, cfg=cfg)) if same else None
+            rows.append({"R": R, "ctx": ctx, "variant": v, "default": v == default, "bitwise": same, "us": us})
+        best = min((r for r in rows if r["R"] == R and r["us"]), key=lambda r: r["us"])
+        dflt = next(r for r in rows if r["R"] == R and r["default"])
+        print(f"sweep attn R{R} ctx {ctx}: default {dflt['variant']} {dflt['us']:.1f} us; "
+              f"best {best['variant']} {best['us']:.1f} us", flush=True)
     return ok
 
 
