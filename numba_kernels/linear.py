@@ -160,11 +160,14 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
     decode shapes (``receipts/probes/h200-probe-gemv.log``: 891 µs for the 39 GEMVs of a decode
     step, copy-bandwidth floor 794 µs).
 
-    float32 weights: one row → 8 warps split each chunk of 4 (tiny N) or 8 outputs; 2 or 4 rows,
-    large N → warps own 4 outputs and walk K alone, 8 (2 rows) or 4 warps (4 rows: two W rows per
-    lane) per block; small N → 4 warps split each chunk of 8 outputs; 5 rows, large N → 4 warps of
-    4 outputs; 8 rows, small N → 4 warps split each chunk; large N → 4 warps of 4 outputs, the lm
-    head two W rows per lane. bf16 weights: the same families with two W rows per lane from 4 rows
+    float32 weights: one row → 8 warps split each chunk of 4 (tiny N) or 8 outputs; 2-5 rows,
+    large N → 4 warps a block own their outputs and walk K alone: 4 outputs and two W rows per
+    lane (2 rows), 8 outputs (3-5 rows; the lm head two W rows per lane); small N → 4 warps split
+    each chunk of 8 outputs, one chunk in flight ahead up to K = 4,096 at 2-4 rows, two otherwise;
+    8 rows, small N → 4 warps split each chunk; large N → 4 warps of 4 outputs, the lm head two W
+    rows per lane. The 2-5-row picks: `tools/decode_kernels.py --sweep --sweep-large --sweep-rows
+    4,2,5` on the H200 (`receipts/probes/h200-decode-kernels-sweep-rows-*.json`; a 4-row step's
+    16 large-N GEMVs of bench-8l 13 % faster, 2 rows 23 %). bf16 weights: the same families with two W rows per lane from 4 rows
     (half the bytes per weight: the X reads weigh twice as much)."""
     RB = gemv_bucket(R)
     large = N >= GEMV_LARGE_N
@@ -181,15 +184,15 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
         c = GemvCfg(RB=1, OW=8, NOG=1, NG=8, PF=1)
     elif large:
         if RB == 2:
-            c = GemvCfg(RB=2, OW=4, NOG=8, NG=1, PF=2)
-        elif RB == 4:
-            c = GemvCfg(RB=4, OW=4, NOG=4, NG=1, PF=1, MO=2)
+            c = GemvCfg(RB=2, OW=4, NOG=4, NG=1, PF=1, MO=2)
+        elif RB in (4, 5):
+            c = GemvCfg(RB=RB, OW=8, NOG=4, NG=1, PF=1, MO=2 if N >= GEMV_HUGE_N else 1)
         elif RB == 8 and N >= GEMV_HUGE_N:
             c = GemvCfg(RB=8, OW=4, NOG=2, NG=1, PF=1, MO=2)
         else:
             c = GemvCfg(RB=RB, OW=4, NOG=4, NG=1, PF=1)
     elif RB <= 5:
-        c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=2)
+        c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=1 if RB < 5 and K <= 4096 else 2)
     else:
         c = GemvCfg(RB=RB, OW=8, NOG=1, NG=4, PF=1)
     return dataclasses.replace(c, BF16=bf16, VEC=vec).check()

@@ -93,7 +93,11 @@ SCRIPT = textwrap.dedent(r'''
     for R in (1, 3, 5, 8):
         case(L.gemv_pick(9000, 600, R), R, 600, 40)
         case(None, R, 600 if R in (1, 5) else 300, 9)     # cfg=None: launch() picks (tiny N at R = 1)
+    for R in (2, 4, 5):  # the large- and huge-N (lm head) picks of a verify step's rows, run on small N
+        case(L.gemv_pick(9000, 600, R), R, 600, 40)
+        case(L.gemv_pick(40000, 600, R), R, 600, 40)
     case(L.gemv_pick(2048, 600, 2), 2, 600, 9)
+    case(L.gemv_pick(2048, 5000, 4), 4, 5000, 9)          # small N past K = 4,096: two chunks in flight
     case(None, 2, 333, 11)                   # K % 4 != 0 → scalar path chosen by launch()
     case(None, 3, 600, 21, bf16=True)
     print("RESULT " + json.dumps(res))

@@ -140,8 +140,10 @@ def main(argv=None) -> int:
         print("timing", row, flush=True)
     if args.sweep:
         large = SWEEP_LARGE + SWEEP_LARGE_F32 if args.sweep_large else SWEEP_LARGE if args.sweep_bf16 else ()
-        ok &= sweep(res, rng, timed, shapes=SWEEP_SHAPES + large,
-                    row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16)
+        # the large shapes first: a sweep cut short by a timeout still has them
+        ok &= sweep(res, rng, timed, shapes=large + SWEEP_SHAPES,
+                    row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16,
+                    save=lambda: write_text_atomic(args.out, json.dumps(res, indent=1) + "\n"))
     if args.sweep_attn:
         ok &= sweep_attn(res, rng, timed, sweep_rows, args.attn_ctx)
     X = cuda.to_device(rng.standard_normal((1, 2048)).astype(np.float32))
@@ -171,12 +173,13 @@ def copies(W, cold_mb):
     return [cuda.to_device(W) for _ in range(min(n, 64))]
 
 
-def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, bf16=False) -> bool:
+def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, bf16=False, save=None) -> bool:
     """Time GEMV configurations on decode shapes (``row_counts`` rows, float32 weights or, with
     ``bf16``, bf16 bits, read from ``copies(W, cold_mb)``): each bitwise against the CPU twin, then
     timed; ``res["sweep"]`` gets one row per (shape, rows, configuration), the default's marked.
     The bf16 grid adds three chunks in flight and 4-8 output groups per block (half the bytes per
-    output: more loads in flight per byte)."""
+    output: more loads in flight per byte). ``save()``, when given, runs after each (shape, rows):
+    a sweep cut short by a timeout leaves what it measured."""
     import dataclasses
     import itertools
 
@@ -184,10 +187,10 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
 
     from numba_kernels import cpu as kp
     from numba_kernels import cuda as kc
-    from numba_kernels.linear import gemv_pick
+    from numba_kernels.linear import GEMV_LARGE_N, gemv_pick
 
     ok, rows = True, res.setdefault("sweep", [])
-    for (name, K, N), R in itertools.product(shapes, row_counts):
+    for R, (name, K, N) in itertools.product(row_counts, shapes):  # row count by row count: each compiles its grid once
         X = rng.standard_normal((R, K)).astype(np.float32)
         W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         if bf16:
@@ -199,7 +202,8 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
         default = gemv_pick(N, K, R, bf16=bf16)
         seen = set()
         space = ((4, 8), (1, 2, 4, 8), (1, 4, 8), (1, 2, 3), (1, 2)) if bf16 else \
-            ((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))
+            ((4, 8), (2, 4, 8), (1, 2), (1, 2), (1, 2)) if N >= GEMV_LARGE_N else \
+            ((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))  # large N: the output-group family gemv_pick uses there
         grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF, MO=MO)
                 for OW, NOG, NG, PF, MO in itertools.product(*space)]
         for cfg in [default] + grid:
@@ -221,6 +225,8 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
         dflt = next(r for r in rows if r["op"] == name and r["R"] == R and r["default"])
         print(f"sweep {name} R{R}: default {dflt['cfg']} {dflt['us']:.1f} us; best {best['cfg']} {best['us']:.1f} us "
               f"({best['TBps']:.2f} TB/s)", flush=True)
+        if save is not None:
+            save()
     return ok
 
 
