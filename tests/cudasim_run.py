@@ -314,21 +314,6 @@ SIM_MODEL = dict(
 )
 
 
-
-def model_step(name, rows, f, ec, sc, eg, sg):
-    """One step ``f(engine, session)`` on the CPU engine and the simulated CUDA engine: the record
-    of the kernels it ran, whether the logits (on the host) and the cache digests are equal, and
-    whether the CUDA step's logits are a pooled mapped buffer the lm head stored into."""
-    from harness.engine.backend import host_view
-
-    kc.LAUNCHES.clear()
-    want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
-    pool = getattr(eg.B._pin, "pool", [])
-    return dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
-                logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-                digest_equal=sc.cache.digest() == sg.cache.digest(),
-                mapped_logits=any(np.shares_memory(got, host_view(e[0])) for e in pool))
-
 def model_steps():
     """The CPU engine and the CUDA engine (simulated) run the same steps; after each, the logits
     and the cache digests are compared. Hidden size 36: every linear layer's dot has two slices,
@@ -354,7 +339,11 @@ def model_steps():
                   digest_equal=sc.cache.digest() == sg.cache.digest())]
 
     def step(name, rows, f):
-        steps.append(model_step(name, rows, f, ec, sc, eg, sg))
+        kc.LAUNCHES.clear()
+        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
+        steps.append(dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
+                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
 
     def rollback(keep):
         ec.rollback(sc, keep)
@@ -414,7 +403,11 @@ def bf16_model_steps():
     steps = []
 
     def step(name, rows, f):
-        steps.append(model_step("bf16 " + name, rows, f, ec, sc, eg, sg))
+        kc.LAUNCHES.clear()
+        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])
+        steps.append(dict(step="bf16 " + name, rows=rows, kernels=sorted(kc.LAUNCHES),
+                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
 
     step("prime R17", 17, lambda e, s: e.target_step(s, ids[:17]))
     step("verify p17 R5", 5, lambda e, s: e.target_step(s, ids[17:22], capture=True))

@@ -52,8 +52,7 @@ class FakeCuda:
     def legacy_default_stream(self):
         return "legacy"
 
-    def mapped_array(self, shape, dtype):  # pinned host memory too (the pool's buffers are mapped)
-        FakeCuda.pinned += 1
+    def mapped_array(self, shape, dtype):
         return np.full(shape, 7, dtype)
 
 
@@ -171,59 +170,6 @@ def test_pooled_downloads_take_the_smallest_free_buffer_that_fits():
     h = b.download(huge)  # a third buffer (room in the pool): the two smaller ones stay
     assert len(b._pin.pool) == 3 and FakeCuda.pinned == 3
     assert np.array_equal(h, np.asarray(huge))
-
-
-def test_logits_targets_come_from_the_pool_and_are_never_overwritten_while_held():
-    """A captured step's lm head stores into ``logits_target``: a device array over a pooled
-    (mapped) buffer, handed out afterwards with no copy. The buffer is held from the moment it
-    is taken -- a download or a second target between the two does not get it -- and after the
-    hand-out while anything of the result is alive; a target larger than POOL_MAX_BYTES, or any
-    while every pooled buffer is held, is None (the caller downloads instead)."""
-    rng = np.random.default_rng(3)
-    b = fake_backend()
-    FakeCuda.pinned = 0
-    V = 40000
-    t = b.logits_target((2, V))
-    assert t is not None and t.dev.shape == (2, V) and t.dev.dtype == np.float32
-    want = rng.standard_normal((2, V)).astype(np.float32)
-    other = rng.standard_normal((2, V)).astype(np.float32).view(FakeDev)
-    d = b.download(other)  # taken but not handed out yet: the download gets another buffer
-    t.dev[...] = want  # "the kernel" stores the logits
-    assert not np.shares_memory(d, t.entry[0])
-    got = b.hand_out_target(t)
-    assert np.array_equal(got, want) and np.shares_memory(got, t.entry[0])
-    assert b.logits_target((2, V)).entry is not t.entry  # held by ``got``: a new buffer
-    row = got[1]
-    del got
-    assert np.array_equal(row, want[1])
-    for _ in range(3):  # the pool is full and every buffer held (two above, two taken here)
-        b.logits_target((1, V))
-    assert len(b._pin.pool) == bk.POOL_BUFFERS and b.logits_target((1, V)) is None
-    assert b.logits_target((bk.POOL_MAX_BYTES // 4 + 1,)) is None
-    # the device view of a buffer and shape is made once
-    b2 = fake_backend()
-    t1 = b2.logits_target((1, V))
-    b2.hand_out_target(t1)  # released at once: the result is dropped
-    t2 = b2.logits_target((1, V))
-    assert t2.entry is t1.entry and t2.dev is t1.dev
-
-
-def test_mapped_device_view_is_a_device_array_over_numbas_mapped_buffer():
-    """numba's mapped array (an ndarray subclass whose ``view`` is the device array's, failing on
-    it: the first H200 run of the mapped logits) gets its device view built over the buffer's
-    device memory: a C-contiguous DeviceNDArray of the asked shape and dtype sharing the buffer's
-    ``gpu_data``; a shape past the buffer is refused."""
-    import pytest
-    from numba.cuda.cudadrv import devicearray as da
-
-    buf = np.ndarray.view(np.zeros(96, np.uint8), da.MappedNDArray)
-    mem = object()  # stands in for the buffer's mapped device memory
-    buf.device_setup(mem)
-    v = bk.mapped_device_view(buf, np.float32, (2, 3, 4))
-    assert type(v) is da.DeviceNDArray and v.gpu_data is mem
-    assert (v.shape, v.strides, v.dtype) == ((2, 3, 4), (48, 16, 4), np.float32)
-    with pytest.raises(ValueError, match="larger than the 96-byte buffer"):
-        bk.mapped_device_view(buf, np.float32, (5, 5))
 
 
 def test_mapped_flags():

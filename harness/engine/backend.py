@@ -152,37 +152,8 @@ class CudaBackend:
         self._drv.device_to_host(pin, a, a.nbytes)
         return pin[:a.nbytes].view(a.dtype).reshape(a.shape).copy()
 
-    def logits_target(self, shape, dtype=np.float32):
-        """A device array of ``shape`` over one of this thread's pooled buffers, for the kernel
-        that computes a step's logits to store into: the pool's buffers are pinned host memory
-        mapped into the device's address space, so after the step (and a synchronise) the host
-        has the logits with no copy (:meth:`hand_out_target`); None when the array is larger than
-        POOL_MAX_BYTES or no pooled buffer is free (the caller then downloads as before). The
-        buffer is held from here on: no download or target takes it until what
-        :meth:`hand_out_target` returned is released."""
-        dtype = np.dtype(dtype)
-        size = int(np.prod(shape))
-        nbytes = size * dtype.itemsize
-        if not 0 < nbytes <= POOL_MAX_BYTES:
-            return None
-        entry = self._pooled(nbytes)
-        if entry is None:
-            return None
-        entry[1] = _held  # taken: until the hand-out, nothing else may write it
-        key = (tuple(shape), dtype.str)
-        dev = entry[2].get(key)
-        if dev is None:  # a device array's view costs host time: taken once per buffer and shape
-            dev = entry[2][key] = mapped_device_view(entry[0], dtype, shape)
-        return _Target(entry, dev, tuple(shape), dtype)
-
-    def hand_out_target(self, t):
-        """The logits a kernel stored through :meth:`logits_target`'s array ``t.dev``, as a host
-        array over the pooled buffer (call after the step's synchronise; the buffer stays held
-        while anything of the array is alive)."""
-        return self._give(t.entry, t.dtype, t.shape)
-
     def _pooled(self, nbytes):
-        """A pooled entry ``[mapped uint8 buffer, weak reference, device views]`` of this thread with at least
+        """A pooled entry ``[pinned uint8 buffer, weak reference]`` of this thread with at least
         ``nbytes`` that nothing handed out refers to any more (its weak reference to the last
         handout's anchor, :func:`_anchor`, is dead): the smallest such (best fit, so a small
         download does not hold the buffer a large one needs); else a new one, added while the
@@ -200,8 +171,7 @@ class CudaBackend:
             return best
         if len(pool) >= POOL_BUFFERS and small is None:
             return None
-        # pinned and mapped: a download copies into it, a kernel may store into it (logits_target)
-        entry = [self.cuda.mapped_array(-(-max(nbytes, POOL_MIN_BYTES) // 16) * 16, np.uint8), None, {}]
+        entry = [self.cuda.pinned_array(max(nbytes, POOL_MIN_BYTES), np.uint8), None]
         if len(pool) < POOL_BUFFERS:
             pool.append(entry)
         else:
@@ -212,14 +182,9 @@ class CudaBackend:
         """Download ``a`` into the pooled ``entry`` and return it as a new array over that
         memory; the entry stays held while anything of it is alive (an anchor that cannot be
         watched keeps it held for good: the staging path serves from then on)."""
-        self._drv.device_to_host(host_view(entry[0]), a, a.nbytes)
-        return self._give(entry, a.dtype, a.shape)
-
-    def _give(self, entry, dtype, shape):
-        """The first ``shape`` elements of the pooled ``entry`` as a new host array, the entry
-        held while anything of it is alive."""
-        buf = host_view(entry[0])
-        out = np.frombuffer(memoryview(buf), dtype, int(np.prod(shape))).reshape(shape)
+        buf = entry[0]
+        self._drv.device_to_host(buf, a, a.nbytes)
+        out = np.frombuffer(memoryview(buf), a.dtype, a.size).reshape(a.shape)
         anchor = _anchor(out)
         try:
             held = weakref.ref(anchor)
@@ -255,21 +220,6 @@ POOL_MIN_BYTES = 1 << 20  # a pooled buffer's least size
 POOL_MAX_BYTES = 1 << 23  # larger downloads go through the staging buffer (no pinned memory kept for them)
 
 
-def _held():
-    """A pooled entry's reference while a kernel may still be storing into it: never released."""
-    return True
-
-
-class _Target:
-    """A :meth:`CudaBackend.logits_target`: the pooled ``entry`` and the device array ``dev``
-    of ``shape`` and ``dtype`` over it."""
-
-    __slots__ = ("entry", "dev", "shape", "dtype")
-
-    def __init__(self, entry, dev, shape, dtype):
-        self.entry, self.dev, self.shape, self.dtype = entry, dev, shape, dtype
-
-
 def _anchor(handout):
     """The first object of ``handout``'s ``base`` chain that is not an array: every array, view
     or memoryview of the handed-out memory refers to it (numpy points a view's ``base`` at the
@@ -286,27 +236,6 @@ def host_view(a) -> np.ndarray:
     memory: numpy's own view of numba's mapped array (an ndarray subclass whose ``view`` is the
     device array's), or the array the simulator's FakeCUDAArray wraps."""
     return np.ndarray.view(a, np.ndarray) if isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def mapped_device_view(buf, dtype, shape):
-    """A C-contiguous device array of ``shape`` and ``dtype`` over the first bytes of the mapped
-    buffer ``buf``, for a kernel to store into. numba's mapped array is an ndarray subclass whose
-    ``view`` is the device array's, which fails on it (it asks for a method only DeviceNDArray
-    has): the array is built over the buffer's device memory instead. The simulator's mapped
-    arrays are device arrays with a working ``view``."""
-    dtype = np.dtype(dtype)
-    gpu_data = getattr(buf, "gpu_data", None)
-    if not isinstance(buf, np.ndarray) or gpu_data is None:
-        return buf.view(dtype)[:int(np.prod(shape))].reshape(shape)
-    if int(np.prod(shape)) * dtype.itemsize > buf.nbytes:
-        raise ValueError(f"mapped_device_view: {shape} {dtype} is larger than the {buf.nbytes}-byte buffer")
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    strides, step = [], dtype.itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return DeviceNDArray(tuple(shape), tuple(reversed(strides)), dtype, gpu_data=gpu_data)
 
 
 def _contiguous(a) -> bool:

@@ -111,7 +111,6 @@ def plan(cfg: ModelConfig, max_ctx: int, rows: int, logits_rows: int = 1, keep_h
     c = Cache(eng, max_ctx)
     ids = B.empty((rows,), np.int32)
     eng._trunk_body(c, ids, rows, min(logits_rows, rows), 0, None, False, None, None)
-    eng.ws("logits", min(logits_rows, rows), cfg.vocab_size)  # Engine._lm_head's, uncaptured
     if cfg.has_mtp:
         eng.mtp = {"layer": _Layer(eng.layers[0], kind="full_attention", moe=cfg.is_moe_layer(0))}
         M = eng.mtp

@@ -61,18 +61,14 @@ class Engine:
 
     Arrays at the API, one convention for every entry point:
 
-    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), brought to the host by the entry
-      point: every caller picks a token from them. A captured step (at most ``GRAPH_MAX_ROWS``
-      rows: decode, verify, MTP rows) launches its lm head after the graph, storing straight into a
-      pooled host buffer mapped into the device, so its logits need no download; a larger step
-      downloads them. The arrays are the caller's: a pooled buffer is not written again while
-      anything of an array handed out over it is alive.
+    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the entry point:
+      every caller picks a token from them.
     - **Hidden rows stay on the backend** (``[R, H]`` float32: numpy on cpu, a device array on
       cuda) and are opaque to callers: pass them back to the engine (the MTP calls take backend
       rows as they are, or host rows) or download them explicitly with :meth:`host`.
 
-    So a decode step copies nothing to the host (its logits and, when ``check_finite``, the
-    NaN/Inf flags live in mapped host memory the kernels write directly).
+    So a decode step copies nothing to the host but its logits (the NaN/Inf flags, when
+    ``check_finite``, live in mapped host memory the kernels write directly).
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
@@ -338,18 +334,14 @@ class Engine:
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
     # ---- steps ------------------------------------------------------------------------------
-    def _captured(self, key):
-        """The capture key a step runs under: ``key`` when graphs are on and no trace records,
-        else None (eager)."""
-        return key if self.graphs and self._trace is None else None
-
     def _step(self, c, key, body, inputs, start, keep=()):
         """Run ``body(inputs, start, pos)`` -- kernel launches only -- on cache ``c`` and return
         its outputs: captured and replayed under ``key`` when graphs are on, else eagerly
         (:meth:`~harness.engine.graphs.StepRunner.run`); always eagerly while a trace records.
         ``keep``: buffers the body reads or writes besides the workspace, the rope tables, the
         flags and ``inputs``."""
-        return self.steps.run(c, self._captured(key), body, inputs, start,
+        key = key if self.graphs and self._trace is None else None
+        return self.steps.run(c, key, body, inputs, start,
                               lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
                                        *self._ws.values()])
 
@@ -405,26 +397,24 @@ class Engine:
             return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
 
         with self._tracing(sess, "trunk", start, R):
-            tail, hf, last_row = self._step(c, key, body, {"ids": ids}, start,
-                                            keep=() if caps is None else (caps["conv"], caps["rec"]))
-            logits = self._lm_head(tail, R, n, flags, key, flag=True)
+            logits, hf, last_row = self._step(c, key, body, {"ids": ids}, start,
+                                              keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
         # the hidden copies are queued behind the step before the logits' download waits for all:
         # the host work of a step (copies, views) is done while the device runs it, none after
         # (the previous last row is released here too: a poisoned step's cache is unusable anyway)
         hidden = self.B.clone(hf if keep_hidden or R == 1 else last_row)
         c.last_h = hidden if hidden.shape[0] == 1 else self.B.clone(last_row)
-        out = self._logits_host(logits)
+        out = self.B.download(logits)
         self._raise_nonfinite(sess, flags)
         if capture:
             caps["hidden"] = hidden
         return out, hidden
 
     def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
-        """The trunk's launches up to the final norm (no copies; the lm head is
-        :meth:`_lm_head`'s): returns views of the final-normed hidden rows the logits are
-        computed from [n, H], of all of them [R, H] and of the last [1, H] (taken once per
-        capture, not per replay: a device array's view costs tens of µs of host time)."""
+        """The trunk's launches (no copies): returns views of the logits [n, V], of the
+        final-normed hidden rows [R, H] and of the last of them [1, H] (taken once per capture,
+        not per replay: a device array's view costs tens of µs of host time)."""
         cfg, ops = self.cfg, self.ops
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
@@ -437,36 +427,15 @@ class Engine:
                 self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm")
             else:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
-        return hf[R - n:R], hf[:R], hf[R - 1:R]
-
-    def _lm_head(self, tail, R, n, flags, key, flag):
-        """The lm head over ``tail`` (the step's last ``n`` of ``R`` final-normed rows), launched
-        after the step (its graph, when captured) on the same stream. Returns where the logits
-        [n, V] go: for a captured step, a pooled host buffer mapped into the device
-        (:meth:`~.backend.CudaBackend.logits_target`), so that the host has them when the step
-        ends, with no download; else (or with no pooled buffer free) the workspace, downloaded
-        by :meth:`_logits_host`. ``flag``: the lm head raises the call's NaN/Inf flag (slot after
-        the trunk's layers) for the trunk, not for the MTP head. The same kernels either way."""
-        ops, V = self.ops, self.cfg.vocab_size
-        target = getattr(self.B, "logits_target", None)
-        t = target((n, V)) if target is not None and self._captured(key) is not None else None
-        logits = t.dev if t is not None else self.ws("logits", n, V)
-        if flag and flags is not None and self._fused():  # the lm head checks its logits as it writes them
-            ops.linear_flag(tail, self.lm_head, logits, n, flags, len(self.layers))
+        logits = self.ws("logits", n, cfg.vocab_size)
+        if flags is not None and self._fused():  # the lm head checks its logits as it writes them
+            ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, len(self.layers))
         else:
-            ops.linear(tail, self.lm_head, logits, n)
-            if flag and flags is not None:
+            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            if flags is not None:
                 ops.nonfinite_flag(logits, n, flags, len(self.layers))
         self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
-        return t if t is not None else logits[:n]
-
-    def _logits_host(self, logits):
-        """The step's logits on the host (:meth:`_lm_head`'s result; after the step's clones were
-        queued): a mapped target once the device is done, else one download."""
-        if hasattr(logits, "dev"):
-            self.B.synchronize()
-            return self.B.hand_out_target(logits)
-        return self.B.download(logits)
+        return logits[:n], hf[:R], hf[R - 1:R]
 
     def prime_chunk(self, sess, ids):
         """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend).
@@ -561,13 +530,15 @@ class Engine:
             mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
             self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm")
-            return hf[R - n:R], hf[:R], hf[R - 1:R]  # views, taken once per capture
+            logits = self.ws("logits", n, cfg.vocab_size)
+            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            self._tap("logits", logits, lo=R - n)
+            return logits[:n], hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
-            tail, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
-            logits = self._lm_head(tail, R, n, flags, key, flag=False)
+            logits, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
         hidden = self.B.clone(last_row if last_hidden else hf)  # queued behind the step, before the download waits
-        out = self._logits_host(logits)
+        out = self.B.download(logits)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, hidden
 
