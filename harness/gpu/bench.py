@@ -361,8 +361,12 @@ def spec_run(eng, prompt, k, new_tokens=64):
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
     plain, _ = steady(lambda s: continue_plain(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens))
     d_s, v_s = [], []
+    # one snapshot, restored after every pair: a snapshot taken each pass (until f19fbe9) cloned
+    # every cache plane and the last hidden row (19 device allocations on bench-8l), and numba
+    # frees device arrays in batches once more than ten are pending, so the bench's own garbage
+    # was freed inside whichever timed step a batch fell in
+    snap = sess.cache.snapshot()
     for _ in range(SPEC_STEP_WARMUP + SPEC_STEP_REPS):  # the first passes may compile or capture a step
-        snap = sess.cache.snapshot()
         c = sess.cache
         hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
         c.mtp_len = c.pos - 1
