@@ -40,8 +40,8 @@ N = 2048  # floats a kernel writes (a hidden row of bench-8l)
 
 
 def _kernels():
-    """(plain, pdl, pdl+trigger) kernels: each block sums ``src`` in index order, then writes its
-    slice of ``dst`` (``dst[i] = src[i] * 0.5 + s * 1e-6``, as written: no contraction matters,
+    """(plain, pdl, pdl+trigger) kernels: each block sums the first ``nsum`` floats of ``src`` in
+    index order (one thread), then writes its slice of ``dst`` (``dst[i] = src[i] * 0.5 + s * 1e-6``, as written: no contraction matters,
     every variant runs the same code)."""
     from llvmlite import ir
     from numba import cuda, types
@@ -61,7 +61,7 @@ def _kernels():
 
     def make(pdl, trig):
         @cuda.jit
-        def step(src, dst):
+        def step(src, dst, nsum):
             if pdl:
                 wait()
             if trig:
@@ -70,7 +70,7 @@ def _kernels():
             t = cuda.threadIdx.x
             if t == 0:
                 s = np.float32(0.0)
-                for i in range(src.shape[0]):
+                for i in range(min(nsum, src.shape[0])):
                     s += src[i]
                 sh[0] = s
             cuda.syncthreads()
@@ -92,13 +92,17 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default="1,8,64", help="blocks a launch (comma-separated)")
     ap.add_argument("--threads", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20, help="graph replays timed")
+    ap.add_argument("--sum", type=int, default=32,
+                    help="inputs a block's first thread sums in order before the writes: the kernel's length (2,048 "
+                         "until 3ab78f7: ~65 us a kernel on the H200, a decode step's small kernels run 3-6 us)")
     args = ap.parse_args(argv)
     try:
         blocks = [int(b) for b in args.blocks.split(",")]
     except ValueError:
         blocks = []
-    if not blocks or min(blocks) < 1 or args.chain < 2 or args.reps < 1 or not 32 <= args.threads <= 1024:
-        ap.error("--blocks: positive integers; --chain at least 2; --reps at least 1; --threads 32-1024")
+    if not blocks or min(blocks) < 1 or args.chain < 2 or args.reps < 1 or not 32 <= args.threads <= 1024 \
+            or not 1 <= args.sum <= N:
+        ap.error(f"--blocks: positive integers; --chain at least 2; --reps at least 1; --threads 32-1024; --sum 1-{N}")
 
     from numba import cuda
     from numba.cuda import dispatcher
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
         return 1
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal(N).astype(np.float32)
-    res = {"chain": args.chain, "threads": args.threads, "n": N, "runs": []}
+    res = {"chain": args.chain, "threads": args.threads, "n": N, "sum": args.sum, "runs": []}
     ok = True
     start, stop = cuda.event(), cuda.event()
     for nb in blocks:
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
         for name, k, cfg in (("plain", plain, base_cfg), ("pdl", pdl, pdl_cfg), ("pdl+trigger", trig, pdl_cfg)):
             def chain():
                 for i in range(args.chain):
-                    launch.launch(k, nb, args.threads, bufs[i % 2], bufs[(i + 1) % 2])
+                    launch.launch(k, nb, args.threads, bufs[i % 2], bufs[(i + 1) % 2], np.int64(args.sum))
             dispatcher.LaunchConfig = cfg  # numba's launches build their config through this name
             try:
                 bufs[0].copy_to_device(x0)
