@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+from _cli import int_list
 from harness.atomic import write_text_atomic
 
 
@@ -37,7 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time other GEMV configurations on the N = 2,048 shapes")
-    ap.add_argument("--sweep-rows", default="1,5", help="the sweep's row counts (comma-separated, 1-8)")
+    ap.add_argument("--sweep-rows", default="1,5", type=int_list(1, 8, "row counts"),
+                    help="the sweep's row counts (comma-separated, 1-8)")
     ap.add_argument("--sweep-bf16", action="store_true",
                     help="with --sweep: bf16 weights instead (the N = 2,048 shapes and the large-N ones, gdn in "
                          "and mlp gate+up)")
@@ -51,12 +53,7 @@ def main(argv=None) -> int:
                          "have been read (5x the H200's 50 MB L2: weights come from HBM, as in a decode step); 0: one "
                          "copy, L2-warm for weights that fit")
     args = ap.parse_args(argv)
-    try:
-        sweep_rows = tuple(int(r) for r in args.sweep_rows.split(","))
-    except ValueError:
-        sweep_rows = ()
-    if not sweep_rows or not all(1 <= r <= 8 for r in sweep_rows):
-        ap.error(f"--sweep-rows {args.sweep_rows!r}: comma-separated row counts from 1 to 8")
+    sweep_rows = args.sweep_rows
     if (args.sweep_large or args.sweep_bf16) and not args.sweep:
         ap.error("--sweep-large and --sweep-bf16 go with --sweep")
     if args.attn_ctx < 1:

@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _cli import int_list  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 from harness.engine.backend import host_view  # noqa: E402
 
@@ -25,16 +26,13 @@ from harness.engine.backend import host_view  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--rows", default="1,5", type=int_list(1, 8, "row counts"))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--vocab", type=int, default=151936)
     args = ap.parse_args(argv)
-    try:
-        rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        rows = []
-    if not rows or not all(1 <= r <= 8 for r in rows) or args.reps < 1 or args.vocab < 1:
-        ap.error("--rows: comma-separated row counts from 1 to 8; --reps and --vocab at least 1")
+    rows = args.rows
+    if args.reps < 1 or args.vocab < 1:
+        ap.error("--reps and --vocab must be at least 1")
     from numba import cuda
 
     from numba_kernels import cuda as kc

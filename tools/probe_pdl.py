@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _cli import int_list  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 N = 2048  # floats a kernel writes (a hidden row of bench-8l)
@@ -89,20 +90,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--chain", type=int, default=64, help="dependent launches in the graph")
-    ap.add_argument("--blocks", default="1,8,64", help="blocks a launch (comma-separated)")
+    ap.add_argument("--blocks", default="1,8,64", type=int_list(1, None, "block counts"),
+                    help="blocks a launch (comma-separated)")
     ap.add_argument("--threads", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20, help="graph replays timed")
     ap.add_argument("--sum", type=int, default=32,
                     help="inputs a block's first thread sums in order before the writes: the kernel's length (2,048 "
                          "until 3ab78f7: ~65 us a kernel on the H200, a decode step's small kernels run 3-6 us)")
     args = ap.parse_args(argv)
-    try:
-        blocks = [int(b) for b in args.blocks.split(",")]
-    except ValueError:
-        blocks = []
-    if not blocks or min(blocks) < 1 or args.chain < 2 or args.reps < 1 or not 32 <= args.threads <= 1024 \
-            or not 1 <= args.sum <= N:
-        ap.error(f"--blocks: positive integers; --chain at least 2; --reps at least 1; --threads 32-1024; --sum 1-{N}")
+    blocks = args.blocks
+    if args.chain < 2 or args.reps < 1 or not 32 <= args.threads <= 1024 or not 1 <= args.sum <= N:
+        ap.error(f"--chain at least 2; --reps at least 1; --threads 32-1024; --sum 1-{N}")
 
     from numba import cuda
     from numba.cuda import dispatcher

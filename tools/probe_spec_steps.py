@@ -19,28 +19,18 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _cli import int_list  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
-
-
-def _ints(text, what, ap):
-    try:
-        vals = [int(v) for v in text.split(",")]
-    except ValueError:
-        ap.error(f"--{what} {text!r}: comma-separated integers")
-    if not vals or min(vals) < 1:
-        ap.error(f"--{what} {text!r}: positive integers")
-    return vals
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ks", default="3,4,1,2,3", help="draft counts K, in the order run (1-4)")
-    ap.add_argument("--lens", default="512,513", help="prompt lengths")
+    ap.add_argument("--ks", default="3,4,1,2,3", type=int_list(1, 4, "draft counts K (a verify step of at most 5 rows)"),
+                    help="draft counts K, in the order run (1-4)")
+    ap.add_argument("--lens", default="512,513", type=int_list(1, None, "prompt lengths"), help="prompt lengths")
     args = ap.parse_args(argv)
-    ks, lens = _ints(args.ks, "ks", ap), _ints(args.lens, "lens", ap)
-    if max(ks) > 4:
-        ap.error(f"--ks {args.ks!r}: K from 1 to 4 (a verify step of at most 5 rows)")
+    ks, lens = args.ks, args.lens
 
     from harness.engine.config import ModelConfig
     from harness.engine.model import Engine
