@@ -167,7 +167,7 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
     8 rows, small N → 4 warps split each chunk; large N → 4 warps of 4 outputs, the lm head two W
     rows per lane. The 2-5-row picks: `tools/decode_kernels.py --sweep --sweep-large --sweep-rows
     4,2,5` on the H200 (`receipts/probes/h200-decode-kernels-sweep-rows-20d605d.json`; a 4-row step's
-    16 large-N GEMVs of bench-8l 13 % faster, 2 rows 23 %). bf16 weights: the same families with two W rows per lane from 4 rows
+    16 large-N GEMVs of bench-8l 13 % faster, 2 rows 22 %). bf16 weights: the same families with two W rows per lane from 4 rows
     (half the bytes per weight: the X reads weigh twice as much)."""
     RB = gemv_bucket(R)
     large = N >= GEMV_LARGE_N

@@ -314,6 +314,22 @@ SIM_MODEL = dict(
 )
 
 
+def model_step(name, rows, f, ec, sc, eg, sg):
+    """One step ``f(engine, session)`` on the CPU engine and the simulated CUDA engine: the record
+    of the kernels it ran, whether the logits (on the host) and the cache digests are equal, and
+    whether the CUDA step's logits are one of its cache's mapped ring buffers the lm head stored
+    into (Engine._logits_slot)."""
+    from harness.engine.backend import host_view
+
+    kc.LAUNCHES.clear()
+    want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
+    rings = [t for ring in sg.cache.logit_rings.values() for t in ring]
+    return dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
+                logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+                digest_equal=sc.cache.digest() == sg.cache.digest(),
+                mapped_logits=any(np.shares_memory(got, host_view(t.buf)) for t in rings))
+
+
 def model_steps():
     """The CPU engine and the CUDA engine (simulated) run the same steps; after each, the logits
     and the cache digests are compared. Hidden size 36: every linear layer's dot has two slices,
@@ -339,11 +355,7 @@ def model_steps():
                   digest_equal=sc.cache.digest() == sg.cache.digest())]
 
     def step(name, rows, f):
-        kc.LAUNCHES.clear()
-        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
-        steps.append(dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
-                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+        steps.append(model_step(name, rows, f, ec, sc, eg, sg))
 
     def rollback(keep):
         ec.rollback(sc, keep)
@@ -403,11 +415,7 @@ def bf16_model_steps():
     steps = []
 
     def step(name, rows, f):
-        kc.LAUNCHES.clear()
-        want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])
-        steps.append(dict(step="bf16 " + name, rows=rows, kernels=sorted(kc.LAUNCHES),
-                          logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+        steps.append(model_step("bf16 " + name, rows, f, ec, sc, eg, sg))
 
     step("prime R17", 17, lambda e, s: e.target_step(s, ids[:17]))
     step("verify p17 R5", 5, lambda e, s: e.target_step(s, ids[17:22], capture=True))

@@ -172,6 +172,153 @@ def test_pooled_downloads_take_the_smallest_free_buffer_that_fits():
     assert np.array_equal(h, np.asarray(huge))
 
 
+class FakeCudaMem(FakeCuda):
+    """numba's own device arrays over made-up device addresses (no GPU: nothing reads them)."""
+
+    def __init__(self):
+        self.next = 1 << 20
+
+    def device_array(self, shape, dtype):
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+        from numba.cuda.cudadrv.driver import MemoryPointer, binding
+
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape)) * dtype.itemsize
+        mem = MemoryPointer(None, binding.CUdeviceptr(self.next), n)
+        self.next += -(-n // 256) * 256
+        return DeviceNDArray(tuple(shape), bk._c_strides(shape, dtype.itemsize), dtype, gpu_data=mem)
+
+
+def test_pooled_device_array_lives_as_long_as_its_views():
+    """A pooled step buffer's hand-out is numba's device array through a pointer owned by a token:
+    numba's slices and views take their memory by ``gpu_data.view`` (``DeviceNDArray._do_getitem``)
+    or share ``gpu_data`` (``reshape``, ``view(dtype)``), all keeping that owner, so the token
+    dies exactly when the last of them does; a shape past the buffer is refused."""
+    import gc
+    import weakref
+
+    import pytest
+
+    mem = FakeCudaMem().device_array((256,), np.uint8).gpu_data
+    token = bk._StepToken()
+    alive = weakref.ref(token)
+    a = bk.pooled_device_array(mem, (2, 8), np.float32, token)
+    del token
+    assert (a.shape, a.strides, a.dtype) == ((2, 8), (32, 4), np.float32)
+    assert int(a.gpu_data.device_pointer) == int(mem.device_pointer) and a.gpu_data.owner is alive()
+    row = a.gpu_data.view(32, 64)  # what a[1] takes as its memory
+    del a
+    gc.collect()
+    assert alive() is not None and row.device_pointer_value == int(mem.device_pointer) + 32
+    del row
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(ValueError, match="larger than the 256-byte buffer"):
+        bk.pooled_device_array(mem, (65,), np.float32, bk._StepToken())
+
+
+def test_step_buffers_are_reused_only_when_nothing_of_them_is_alive():
+    """``CudaBackend._step_buffer``: a step's hidden rows come from a per-thread pool of device
+    buffers of their size; a buffer is handed out again only once nothing of the previous
+    hand-out is alive, at most STEP_POOL_PER_SIZE are in use per size (then None: the caller
+    allocates), and arrays past STEP_POOL_MAX_BYTES, or a backend whose arrays are not numba's,
+    get None."""
+    import gc
+
+    b = fake_backend()
+    b.cuda = FakeCudaMem()
+    addr = lambda a: int(a.gpu_data.device_pointer)  # noqa: E731
+    h1 = b._step_buffer((1, 2048), np.float32)
+    h2 = b._step_buffer((1, 2048), np.float32)
+    assert h1.shape == (1, 2048) and addr(h1) != addr(h2)
+    first = addr(h1)
+    del h1
+    gc.collect()
+    h3 = b._step_buffer((2, 1024), np.float32)  # the same bytes: the freed buffer again
+    assert addr(h3) == first and h3.shape == (2, 1024)
+    held = [b._step_buffer((1, 2048), np.float32) for _ in range(bk.STEP_POOL_PER_SIZE - 2)]
+    assert len({addr(x) for x in held + [h2, h3]}) == bk.STEP_POOL_PER_SIZE
+    assert b._step_buffer((1, 2048), np.float32) is None  # every buffer of the size in use
+    assert b._step_buffer((4, 2048), np.float32) is not None  # another size: its own buffers
+    assert b._step_buffer((bk.STEP_POOL_MAX_BYTES // 4 + 1,), np.float32) is None
+    plain = fake_backend()  # stand-in device arrays (not numba's): no pooling
+    assert plain._step_buffer((1, 2048), np.float32) is None
+
+
+def test_mapped_targets_are_held_while_their_hand_out_is_alive():
+    """A captured step's lm head stores into ``mapped_target``'s device array; after the step the
+    host hands the buffer out as a new array with no copy (``hand_out_mapped``), and the target
+    is not free (``mapped_free``) while anything of that array is alive."""
+    import gc
+
+    rng = np.random.default_rng(4)
+    b = fake_backend()
+    t = b.mapped_target((2, 300))
+    assert t.dev.shape == (2, 300) and t.dev.dtype == np.float32 and b.mapped_free(t)
+    want = rng.standard_normal((2, 300)).astype(np.float32)
+    t.dev[...] = want  # "the kernel" stores the logits
+    got = b.hand_out_mapped(t)
+    assert np.array_equal(got, want) and np.shares_memory(got, t.buf) and not b.mapped_free(t)
+    row = got[1]
+    del got
+    gc.collect()
+    assert not b.mapped_free(t) and np.array_equal(row, want[1])
+    del row
+    gc.collect()
+    assert b.mapped_free(t)
+
+
+def test_mapped_device_view_is_a_device_array_over_numbas_mapped_buffer():
+    """numba's mapped array (an ndarray subclass whose ``view`` is the device array's, failing on
+    it on a GPU) gets its device view built over the buffer's device memory: a C-contiguous
+    DeviceNDArray of the asked shape and dtype sharing the buffer's ``gpu_data``; a shape past
+    the buffer is refused."""
+    import pytest
+    from numba.cuda.cudadrv import devicearray as da
+
+    buf = np.ndarray.view(np.zeros(96, np.uint8), da.MappedNDArray)
+    mem = object()  # stands in for the buffer's mapped device memory
+    buf.device_setup(mem)
+    v = bk.mapped_device_view(buf, np.float32, (2, 3, 4))
+    assert type(v) is da.DeviceNDArray and v.gpu_data is mem
+    assert (v.shape, v.strides, v.dtype) == ((2, 3, 4), (48, 16, 4), np.float32)
+    with pytest.raises(ValueError, match="larger than the 96-byte buffer"):
+        bk.mapped_device_view(buf, np.float32, (5, 5))
+
+
+def test_logits_ring_gives_each_held_step_its_own_buffer():
+    """``Engine._logits_slot``: a captured step's key gets the first free buffer of its cache's
+    ring and the buffer's index in its key (each buffer has its own capture); a held hand-out
+    moves the next step to the next buffer, up to LOGIT_RING, then the plain key and no
+    target (the workspace and a download); released, the first buffer serves again. Eager steps
+    (no key, graphs off, a trace) never get one."""
+    import gc
+    from types import SimpleNamespace
+
+    from harness.engine import model
+
+    b = fake_backend()
+    eng = SimpleNamespace(graphs=True, _trace=None, B=b, cfg=SimpleNamespace(vocab_size=50))
+    c = SimpleNamespace(logit_rings={})
+    slot = lambda key: model.Engine._logits_slot(eng, c, key, 2)  # noqa: E731
+    key = ("trunk", 2, 2, None)
+    held = []
+    for i in range(model.LOGIT_RING):
+        k, t = slot(key)
+        assert k == key + ("logits", i) and t.dev.shape == (2, 50)
+        held.append(b.hand_out_mapped(t))
+    assert slot(key) == (key, None)  # every buffer held by the caller
+    assert slot(("mtp", 1, 1))[0] == ("mtp", 1, 1, "logits", 0)  # another step: its own ring
+    del held[0]
+    gc.collect()
+    assert slot(key)[0] == key + ("logits", 0)
+    assert slot(None) == (None, None)
+    eng.graphs = False
+    assert slot(key) == (key, None)
+    eng.graphs, eng._trace = True, object()
+    assert slot(key) == (key, None)
+
+
 def test_mapped_flags():
     """The NaN/Inf flags and a captured step's inputs: zeroed mapped host memory."""
     b = fake_backend()

@@ -129,6 +129,17 @@ def test_tiny_model_matches_cpu_bitwise(sim):
     assert sum(s["logits_bitwise"] is True for s in sim["model"]) >= 9
 
 
+def test_captured_steps_store_their_logits_in_mapped_host_memory(sim):
+    """Steps small enough to capture (decode, verify, MTP rows: eager, captured and replayed) get
+    their logits from the lm head storing into one of the cache's mapped ring buffers, with no
+    download (the bits: the test above); primes (too large to capture) download theirs."""
+    steps = [s for s in sim["model"] if s.get("mapped_logits") is not None]
+    small = [s["step"] for s in steps if s["rows"] <= 8 and not s["mapped_logits"]]
+    large = [s["step"] for s in steps if s["rows"] > 8 and s["mapped_logits"]]
+    assert not small and not large, (small, large)
+    assert sum(s["rows"] <= 8 for s in steps) >= 8
+
+
 def test_tiny_model_runs_the_fast_kernels(sim):
     ran = _kinds(set().union(*(s["kernels"] for s in sim["model"])))
     assert FAST <= ran, f"fast kernels the model never ran: {FAST - ran}"

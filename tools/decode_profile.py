@@ -44,10 +44,10 @@ def _api_timer(events=None, py=()):
     calls = collections.defaultdict(lambda: [0, 0.0])
 
     def timed(name, fn):
-        def call(*a):
+        def call(*a, **kw):
             t = time.perf_counter()
             try:
-                return fn(*a)
+                return fn(*a, **kw)
             finally:
                 e = time.perf_counter()
                 c = calls[name]

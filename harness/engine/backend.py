@@ -63,8 +63,11 @@ class CpuBackend:
     def copy_into(self, dst, src):
         dst[...] = src
 
-    def clone(self, a):
+    def clone(self, a, step=False):
         return a.copy()
+
+    def mapped_target(self, shape, dtype=np.float32):
+        return None  # logits are host arrays already
 
     def synchronize(self):
         pass
@@ -204,16 +207,82 @@ class CudaBackend:
         elif src.size:
             (self._drv.device_to_device if on_device else self._drv.host_to_device)(dst, src, src.nbytes)
 
-    def clone(self, a):
-        out = self.cuda.device_array(a.shape, a.dtype)
+    def clone(self, a, step=False):
+        """An owned device copy of ``a``. ``step``: a step's hidden rows, made every decode,
+        verify and MTP step -- on a GPU they come from this thread's pool of device buffers
+        (:meth:`_step_buffer`) instead of a new allocation, whose ``cuMemAlloc`` and later
+        ``cuMemFree`` (numba frees in batches, once more than ten are pending) cost a step's
+        host ~80 µs at one row on the H200 (``tools/decode_profile.py --api-times``)."""
+        out = self._step_buffer(a.shape, a.dtype) if step else None
+        if out is None:
+            out = self.cuda.device_array(a.shape, a.dtype)
         if a.size:  # an empty plane (no MTP rows yet): nothing to copy (the simulator refuses its strides)
             self.copy_into(out, a)
         return out
+
+    def mapped_target(self, shape, dtype=np.float32):
+        """A buffer a captured step's lm head stores its logits into, for the host to hand out
+        with no download: pinned host memory mapped into the device (``dev``, a device array of
+        ``shape`` over it; ``host``, numpy's array over the same bytes). None under the
+        simulator's stand-ins that lack it. Free (:meth:`mapped_free`) until handed out
+        (:meth:`hand_out_mapped`), then held while anything of the hand-out is alive."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        buf = self.cuda.mapped_array(-(-max(nbytes, 1) // 16) * 16, np.uint8)
+        return MappedTarget(buf, mapped_device_view(buf, dtype, shape), tuple(shape), dtype)
+
+    @staticmethod
+    def mapped_free(t) -> bool:
+        """Whether nothing of ``t``'s last hand-out is alive (a kernel may store into it again)."""
+        return t.held is None or t.held() is None
+
+    def hand_out_mapped(self, t):
+        """The logits a kernel stored into ``t.dev`` (call after the step's synchronise), as a new
+        host array over ``t``'s memory; ``t`` is held while anything of that array is alive (an
+        anchor that cannot be watched holds it for good)."""
+        buf = host_view(t.buf)
+        out = np.frombuffer(memoryview(buf), t.dtype, int(np.prod(t.shape))).reshape(t.shape)
+        anchor = _anchor(out)
+        try:
+            held = weakref.ref(anchor)
+        except TypeError:
+            held = None
+        t.held = held if held is not None and anchor is not _anchor(buf) else (lambda: True)
+        return out
+
+    def _step_buffer(self, shape, dtype):
+        """A C-contiguous device array of ``shape`` over a pooled device buffer of this thread
+        that nothing handed out uses any more, or None (the simulator; past STEP_POOL_MAX_BYTES;
+        STEP_POOL_PER_SIZE buffers of that size all in use). Each hand-out is a new array whose
+        memory pointer is owned by a fresh token: numba's views and slices of the array refer to
+        their pointer's owner, so the token lives exactly as long as anything of the hand-out, and
+        the buffer is free again once the pool's weak reference to it is dead. Reuse needs no
+        synchronisation: every launch and copy goes to the one legacy default stream in issue
+        order, so whatever read the buffer's last contents was issued, and runs, before the copy
+        that refills it."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if self._drv is None or not 0 < nbytes <= STEP_POOL_MAX_BYTES:
+            return None
+        pool = self._pin.__dict__.setdefault("step_pool", {}).setdefault(nbytes, [])
+        entry = next((e for e in pool if e[1] is None or e[1]() is None), None)
+        if entry is None:
+            if len(pool) >= STEP_POOL_PER_SIZE:
+                return None
+            entry = [self.cuda.device_array((nbytes,), np.uint8), None]
+            if getattr(entry[0], "gpu_data", None) is None:  # not numba's device array (a test's stand-in)
+                return None
+            pool.append(entry)
+        token = _StepToken()
+        entry[1] = weakref.ref(token)
+        return pooled_device_array(entry[0].gpu_data, shape, dtype, token)
 
     def synchronize(self):
         self.cuda.synchronize()
 
 
+STEP_POOL_MAX_BYTES = 1 << 20  # a step's hidden rows up to here come from the pool (bench-8l: 8 KB a row)
+STEP_POOL_PER_SIZE = 8  # per host thread and size: more in use at once are allocated as before
 PINNED_MIN_BYTES = 1 << 16  # downloads from this size on go through pinned memory
 POOL_BUFFERS = 4  # per host thread: pinned buffers handed out by downloads
 POOL_MIN_BYTES = 1 << 20  # a pooled buffer's least size
@@ -236,6 +305,65 @@ def host_view(a) -> np.ndarray:
     memory: numpy's own view of numba's mapped array (an ndarray subclass whose ``view`` is the
     device array's), or the array the simulator's FakeCUDAArray wraps."""
     return np.ndarray.view(a, np.ndarray) if isinstance(a, np.ndarray) else np.asarray(a)
+
+
+class MappedTarget:
+    """A :meth:`CudaBackend.mapped_target`: the mapped host buffer ``buf``, the device array
+    ``dev`` of ``shape`` and ``dtype`` over it, and ``held``: a weak reference to the anchor of
+    its last hand-out (None: never handed out)."""
+
+    __slots__ = ("buf", "dev", "shape", "dtype", "held")
+
+    def __init__(self, buf, dev, shape, dtype):
+        self.buf, self.dev, self.shape, self.dtype, self.held = buf, dev, shape, dtype, None
+
+
+def mapped_device_view(buf, dtype, shape):
+    """A C-contiguous device array of ``shape`` and ``dtype`` over the first bytes of the mapped
+    buffer ``buf``, for a kernel to store into. numba's mapped array is an ndarray subclass whose
+    ``view`` is the device array's, which fails on it on a GPU (it asks for a method only
+    DeviceNDArray has: the H200 run of patches/next-mapped-logits.patch), so the array is built
+    over the buffer's device memory; the simulator's mapped arrays are device arrays with a
+    working ``view``."""
+    dtype = np.dtype(dtype)
+    gpu_data = getattr(buf, "gpu_data", None)
+    if not isinstance(buf, np.ndarray) or gpu_data is None:
+        return buf.view(dtype)[:int(np.prod(shape))].reshape(shape)
+    if int(np.prod(shape)) * dtype.itemsize > buf.nbytes:
+        raise ValueError(f"mapped_device_view: {tuple(shape)} {dtype} is larger than the {buf.nbytes}-byte buffer")
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(tuple(shape), _c_strides(shape, dtype.itemsize), dtype, gpu_data=gpu_data)
+
+
+class _StepToken:
+    """The owner of one hand-out of a pooled step buffer (:meth:`CudaBackend._step_buffer`)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def pooled_device_array(mem, shape, dtype, owner):
+    """A C-contiguous numba device array of ``shape`` and ``dtype`` over the start of the device
+    memory ``mem`` (a numba memory pointer that stays allocated: the pool holds it), through a new
+    pointer owned by ``owner``: numba's views and slices of the array point their memory at
+    ``owner`` too, so ``owner`` stays alive exactly as long as anything of the array does."""
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import MemoryPointer
+
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    if size > mem.size:
+        raise ValueError(f"pooled_device_array: {tuple(shape)} {dtype} is larger than the {mem.size}-byte buffer")
+    ptr = MemoryPointer(mem.context, mem.device_pointer, size, owner=owner)
+    return DeviceNDArray(tuple(shape), _c_strides(shape, dtype.itemsize), dtype, gpu_data=ptr)
 
 
 def _contiguous(a) -> bool:

@@ -39,6 +39,9 @@ class Cache:
         # inputs); keys seen once (run eagerly, to compile and allocate before a capture)
         self.graphs: dict = {}
         self.graph_seen: set = set()
+        # captured steps' mapped logits buffers (Engine._logits_slot): key -> [MappedTarget, ...];
+        # each is written by its own capture of the step, so they live as long as the graphs
+        self.logit_rings: dict = {}
 
     def planes(self):
         """(name, backend array view) in the fixed digest order."""

@@ -66,8 +66,11 @@ class ShapeBackend:
     def copy_into(self, dst, src):
         pass
 
-    def clone(self, a):
+    def clone(self, a, step=False):
         return self.empty(a.shape, a.dtype)
+
+    def mapped_target(self, shape, dtype=np.float32):
+        return None  # host memory: not in the device's budget
 
     def synchronize(self):
         pass

@@ -41,6 +41,10 @@ F32 = np.float32
 #: many rows (bitwise equal to any other cut, by the exact contract), so the workspace is bounded
 #: by the chunk, not by the prompt (:mod:`.memory` computes it).
 PRIME_CHUNK_ROWS = 4096
+#: Mapped logits buffers per captured step (key) and cache (:meth:`Engine._logits_slot`): a
+#: decode loop holds the last step's logits while the next runs, so two alternate; the third
+#: serves a caller that keeps one more.
+LOGIT_RING = 3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -61,14 +65,18 @@ class Engine:
 
     Arrays at the API, one convention for every entry point:
 
-    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), downloaded by the entry point:
-      every caller picks a token from them.
+    - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), brought to the host by the entry
+      point: every caller picks a token from them. A captured step (at most ``GRAPH_MAX_ROWS``
+      rows: decode, verify, MTP rows) has its lm head store them straight into pinned host
+      memory mapped into the device, one of a small ring of buffers per step and session, so
+      they need no download; other steps download them. The arrays are the caller's: a ring
+      buffer is written again only once nothing of the array handed out over it is alive.
     - **Hidden rows stay on the backend** (``[R, H]`` float32: numpy on cpu, a device array on
       cuda) and are opaque to callers: pass them back to the engine (the MTP calls take backend
       rows as they are, or host rows) or download them explicitly with :meth:`host`.
 
-    So a decode step copies nothing to the host but its logits (the NaN/Inf flags, when
-    ``check_finite``, live in mapped host memory the kernels write directly).
+    So a captured decode step copies nothing to the host (its logits and, when ``check_finite``,
+    the NaN/Inf flags live in mapped host memory the kernels write directly).
     """
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
@@ -345,6 +353,36 @@ class Engine:
                               lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
                                        *self._ws.values()])
 
+    def _logits_slot(self, c, key, n):
+        """(the key a step runs under, where its lm head stores the logits): for a step that is
+        captured (``key`` not None, graphs on, no trace), the first free buffer of the cache's
+        ring for ``key`` -- pinned host memory mapped into the device
+        (:meth:`~.backend.CudaBackend.mapped_target`), up to LOGIT_RING of them, each written
+        by its own capture of the step (the key gets the buffer's index) -- so the host hands
+        the logits out after the step with no download; else (``key``, None): the workspace and
+        one download, as for every step too large to capture, on the CPU, or while the caller
+        still holds the logits of every buffer in the ring."""
+        if key is None or not self.graphs or self._trace is not None:
+            return key, None
+        ring = c.logit_rings.setdefault(key, [])
+        for i, t in enumerate(ring):
+            if self.B.mapped_free(t):
+                return key + ("logits", i), t
+        if len(ring) < LOGIT_RING:
+            t = self.B.mapped_target((n, self.cfg.vocab_size))
+            if t is not None:
+                ring.append(t)
+                return key + ("logits", len(ring) - 1), t
+        return key, None
+
+    def _logits_host(self, logits, dst):
+        """A step's logits on the host (after its hidden copies were queued): ``dst``'s buffer
+        handed out once the device is done, else one download of ``logits``."""
+        if dst is None:
+            return self.B.download(logits)
+        self.B.synchronize()
+        return self.B.hand_out_mapped(dst)
+
     # ---- trace mode (harness.engine.trace) ----------------------------------------------------
     @contextmanager
     def _tracing(self, sess, pazz, start, R):
@@ -394,27 +432,29 @@ class Engine:
         key = graph_key("trunk", R, n, None if caps is None else id(caps["conv"]))
 
         def body(inp, at, pos):
-            return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags)
+            return self._trunk_body(c, inp["ids"], R, n, at, pos, capture, caps, flags, dst)
 
         with self._tracing(sess, "trunk", start, R):
+            key, dst = self._logits_slot(c, key, n)  # inside: a recording trace runs eagerly, downloads
             logits, hf, last_row = self._step(c, key, body, {"ids": ids}, start,
                                               keep=() if caps is None else (caps["conv"], caps["rec"]))
         c.pos = start + R
         # the hidden copies are queued behind the step before the logits' download waits for all:
         # the host work of a step (copies, views) is done while the device runs it, none after
         # (the previous last row is released here too: a poisoned step's cache is unusable anyway)
-        hidden = self.B.clone(hf if keep_hidden or R == 1 else last_row)
-        c.last_h = hidden if hidden.shape[0] == 1 else self.B.clone(last_row)
-        out = self.B.download(logits)
+        hidden = self.B.clone(hf if keep_hidden or R == 1 else last_row, step=True)
+        c.last_h = hidden if hidden.shape[0] == 1 else self.B.clone(last_row, step=True)
+        out = self._logits_host(logits, dst)
         self._raise_nonfinite(sess, flags)
         if capture:
             caps["hidden"] = hidden
         return out, hidden
 
-    def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags):
-        """The trunk's launches (no copies): returns views of the logits [n, V], of the
-        final-normed hidden rows [R, H] and of the last of them [1, H] (taken once per capture,
-        not per replay: a device array's view costs tens of µs of host time)."""
+    def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags, dst=None):
+        """The trunk's launches (no copies): returns views of the logits [n, V] (in the
+        workspace, or ``dst``'s mapped buffer: :meth:`_logits_slot`), of the final-normed hidden
+        rows [R, H] and of the last of them [1, H] (taken once per capture, not per replay: a
+        device array's view costs tens of µs of host time)."""
         cfg, ops = self.cfg, self.ops
         x = self.ws("x", R, cfg.hidden_size)
         ops.embed(ids_dev, self.embed, x)
@@ -427,7 +467,7 @@ class Engine:
                 self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm")
             else:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
-        logits = self.ws("logits", n, cfg.vocab_size)
+        logits = self.ws("logits", n, cfg.vocab_size) if dst is None else dst.dev
         if flags is not None and self._fused():  # the lm head checks its logits as it writes them
             ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, len(self.layers))
         else:
@@ -530,15 +570,16 @@ class Engine:
             mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
             self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm")
-            logits = self.ws("logits", n, cfg.vocab_size)
+            logits = self.ws("logits", n, cfg.vocab_size) if dst is None else dst.dev
             ops.linear(hf[R - n:], self.lm_head, logits, n)
             self._tap("logits", logits, lo=R - n)
             return logits[:n], hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
+            key, dst = self._logits_slot(c, key, n)
             logits, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
-        hidden = self.B.clone(last_row if last_hidden else hf)  # queued behind the step, before the download waits
-        out = self.B.download(logits)
+        hidden = self.B.clone(last_row if last_hidden else hf, step=True)  # queued behind the step, before the download waits
+        out = self._logits_host(logits, dst)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, hidden
 

@@ -325,8 +325,15 @@ def _fill_random_context(engine, sess, n, rng):
     c.pos = n
 
 
-def decode_ms(eng, sess, n=32, warmup=2):
-    """Milliseconds per greedy decode step on ``sess`` (compilation and first touch excluded)."""
+def decode_ms(eng, sess, n=32, warmup=None):
+    """Milliseconds per greedy decode step on ``sess`` (compilation and first touch excluded).
+    The warm-up covers the captures: a captured step runs once eagerly and is captured at its
+    second run, once per mapped logits buffer it stores into (``Engine._logits_slot``; a loop
+    holding the last logits alternates two), so the default runs every buffer's first two
+    steps before the clock starts."""
+    from ..engine.model import LOGIT_RING
+
+    warmup = 2 * (LOGIT_RING + 1) if warmup is None else warmup
     tok = 1
     for _ in range(warmup):
         logits, _ = eng.decode_step(sess, tok)
