@@ -13,6 +13,9 @@ N is the hidden size (2,048 outputs: the DeltaNet's out projection, the MLP's do
 attention's o; the slowest GEMVs of a step per byte), each checked bit for bit against the CPU
 twin first: the data for choosing their configuration. ``--sweep-bf16`` sweeps bf16 weights
 instead (a wider grid, and the large-N shapes too: bf16 GEMVs stream fewer bytes per output).
+``--sweep-search line`` searches the grid one parameter at a time from ``gemv_pick``'s
+configuration (:func:`line_search`) instead of timing all of it: each configuration compiles its
+own kernel, and the bf16 grid (~140 a shape) finished no shape in 330 s on the H200.
 ``--sweep-large`` adds the large-N shapes (gdn in, mlp gate+up, attention's qkv, the lm head) to a
 float32 sweep: a verify step's 2-5 rows run those 6-37 % slower than one row (Nsight Compute at
 6356ab9, ``receipts/probes/README.md``), e.g. ``--sweep --sweep-large --sweep-rows 1,2,4,5``.
@@ -45,6 +48,11 @@ def main(argv=None) -> int:
                          "and mlp gate+up)")
     ap.add_argument("--sweep-large", action="store_true",
                     help="with --sweep: also the large-N shapes (gdn in, mlp gate+up, attention qkv, the lm head)")
+    ap.add_argument("--sweep-search", choices=("grid", "line"), default="grid",
+                    help="with --sweep: every configuration of the grid, or a line search from gemv_pick's (one "
+                         "parameter at a time over its values, the others at the best so far, until a pass changes "
+                         "nothing; each configuration compiles its own kernel, ~2 s: the bf16 grid's ~140 a shape "
+                         "did not finish one shape in 330 s on the H200)")
     ap.add_argument("--sweep-attn", action="store_true",
                     help="time the split-KV attention's block variants at --sweep-rows rows (bench-8l's attention)")
     ap.add_argument("--attn-ctx", type=int, default=512, help="--sweep-attn: keys in the cache before the rows")
@@ -54,8 +62,8 @@ def main(argv=None) -> int:
                          "copy, L2-warm for weights that fit")
     args = ap.parse_args(argv)
     sweep_rows = args.sweep_rows
-    if (args.sweep_large or args.sweep_bf16) and not args.sweep:
-        ap.error("--sweep-large and --sweep-bf16 go with --sweep")
+    if (args.sweep_large or args.sweep_bf16 or args.sweep_search != "grid") and not args.sweep:
+        ap.error("--sweep-large, --sweep-bf16 and --sweep-search go with --sweep")
     if args.attn_ctx < 1:
         ap.error("--attn-ctx must be at least 1")
     if args.reps < 1 or args.cold_mb < 0:
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
         large = SWEEP_LARGE + SWEEP_LARGE_F32 if args.sweep_large else SWEEP_LARGE if args.sweep_bf16 else ()
         # the large shapes first: a sweep cut short by a timeout still has them
         ok &= sweep(res, rng, timed, shapes=large + SWEEP_SHAPES,
-                    row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16,
+                    row_counts=sweep_rows, cold_mb=args.cold_mb, bf16=args.sweep_bf16, search=args.sweep_search,
                     save=lambda: write_text_atomic(args.out, json.dumps(res, indent=1) + "\n"))
     if args.sweep_attn:
         ok &= sweep_attn(res, rng, timed, sweep_rows, args.attn_ctx)
@@ -170,13 +178,15 @@ def copies(W, cold_mb):
     return [cuda.to_device(W) for _ in range(min(n, 64))]
 
 
-def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, bf16=False, save=None) -> bool:
+def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, bf16=False, search="grid",
+          save=None) -> bool:
     """Time GEMV configurations on decode shapes (``row_counts`` rows, float32 weights or, with
     ``bf16``, bf16 bits, read from ``copies(W, cold_mb)``): each bitwise against the CPU twin, then
     timed; ``res["sweep"]`` gets one row per (shape, rows, configuration), the default's marked.
     The bf16 grid adds three chunks in flight and 4-8 output groups per block (half the bytes per
-    output: more loads in flight per byte). ``save()``, when given, runs after each (shape, rows):
-    a sweep cut short by a timeout leaves what it measured."""
+    output: more loads in flight per byte). ``search`` "line": :func:`line_search` over the same
+    space instead of all of it. ``save()``, when given, runs after each (shape, rows): a sweep cut
+    short by a timeout leaves what it measured."""
     import dataclasses
     import itertools
 
@@ -197,27 +207,37 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
         dX, Ws, d = cuda.to_device(X), copies(W, cold_mb), cuda.device_array((R, N), np.float32)
         dW = Ws[0]
         default = gemv_pick(N, K, R, bf16=bf16)
-        seen = set()
         space = ((4, 8), (1, 2, 4, 8), (1, 4, 8), (1, 2, 3), (1, 2)) if bf16 else \
             ((4, 8), (2, 4, 8), (1, 2), (1, 2), (1, 2)) if N >= GEMV_LARGE_N else \
             ((4, 8), (1, 2), (4, 8, 16), (1, 2), (1, 2))  # large N: the output-group family gemv_pick uses there
-        grid = [dataclasses.replace(default, OW=OW, NOG=NOG, NG=NG, PF=PF, MO=MO)
-                for OW, NOG, NG, PF, MO in itertools.product(*space)]
-        for cfg in [default] + grid:
+        tried = {}  # name -> µs (None: not valid, or not bitwise)
+
+        def measure(fields):
+            nonlocal ok
+            cfg = dataclasses.replace(default, **dict(zip(SWEEP_FIELDS, fields)))
             try:
                 cfg.check()
             except ValueError:
-                continue
-            if cfg.name() in seen:
-                continue
-            seen.add(cfg.name())
+                return None
+            if cfg.name() in tried:
+                return tried[cfg.name()]
             kc.gemv(dX, dW, d, R, cfg=cfg)
             same = bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
             ok &= same
             us = timed(lambda W: kc.gemv(dX, W, d, R, cfg=cfg), Ws) if same else None
-            row = {"op": name, "K": K, "N": N, "R": R, "bf16": bf16, "cfg": cfg.name(), "default": cfg == default,
-                   "copies": len(Ws), "bitwise": same, "us": us, "TBps": None if us is None else W.nbytes / us / 1e6}
-            rows.append(row)
+            rows.append({"op": name, "K": K, "N": N, "R": R, "bf16": bf16, "cfg": cfg.name(), "default": cfg == default,
+                         "copies": len(Ws), "bitwise": same, "us": us, "search": search,
+                         "TBps": None if us is None else W.nbytes / us / 1e6})
+            tried[cfg.name()] = us
+            return us
+
+        start = tuple(getattr(default, f) for f in SWEEP_FIELDS)
+        measure(start)
+        if search == "line":
+            line_search(measure, start, space)
+        else:
+            for fields in itertools.product(*space):
+                measure(fields)
         best = min((r for r in rows if r["op"] == name and r["R"] == R and r["us"]), key=lambda r: r["us"])
         dflt = next(r for r in rows if r["op"] == name and r["R"] == R and r["default"])
         print(f"sweep {name} R{R}: default {dflt['cfg']} {dflt['us']:.1f} us; best {best['cfg']} {best['us']:.1f} us "
@@ -225,6 +245,32 @@ def sweep(res, rng, timed, shapes=SWEEP_SHAPES, row_counts=(1, 5), cold_mb=0.0, 
         if save is not None:
             save()
     return ok
+
+
+SWEEP_FIELDS = ("OW", "NOG", "NG", "PF", "MO")  # the GEMV configuration's fields a sweep varies, in its space's order
+
+
+def line_search(measure, start, space, passes=3):
+    """Coordinate descent over ``space`` (one tuple of values per field) from ``start``:
+    each field in turn takes each of its values with the others at the best point so far, and
+    the best point moves to the fastest; passes repeat until one moves nothing (at most
+    ``passes``). ``measure(point)`` returns µs, or None for a point that is not valid (it is
+    skipped). Returns the best point. ~sum(len(values)) points a pass instead of the grid's
+    product; a point asked again (the best one, each pass) is ``measure``'s to cache."""
+    best, best_us = tuple(start), measure(tuple(start))
+    for _ in range(passes):
+        moved = False
+        for i, values in enumerate(space):
+            for v in values:
+                p = best[:i] + (v,) + best[i + 1:]
+                if p == best:
+                    continue
+                us = measure(p)
+                if us is not None and (best_us is None or us < best_us):
+                    best, best_us, moved = p, us, True
+        if not moved:
+            break
+    return best
 
 
 def sweep_attn(res, rng, timed, row_counts, ctx, hq=16, hkv=2, D=256) -> bool:
