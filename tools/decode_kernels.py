@@ -15,7 +15,8 @@ twin first: the data for choosing their configuration. ``--sweep-bf16`` sweeps b
 instead (a wider grid, and the large-N shapes too: bf16 GEMVs stream fewer bytes per output).
 ``--sweep-search line`` searches the grid one parameter at a time from ``gemv_pick``'s
 configuration (:func:`line_search`) instead of timing all of it: each configuration compiles its
-own kernel, and the bf16 grid (~140 a shape) finished no shape in 330 s on the H200.
+own kernel, and the bf16 grid (144 points a shape before the invalid ones are dropped) finished
+no shape within the time two device calls had left on the H200.
 ``--sweep-large`` adds the large-N shapes (gdn in, mlp gate+up, attention's qkv, the lm head) to a
 float32 sweep: a verify step's 2-5 rows run those 6-37 % slower than one row (Nsight Compute at
 6356ab9, ``receipts/probes/README.md``), e.g. ``--sweep --sweep-large --sweep-rows 1,2,4,5``.
@@ -51,8 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-search", choices=("grid", "line"), default="grid",
                     help="with --sweep: every configuration of the grid, or a line search from gemv_pick's (one "
                          "parameter at a time over its values, the others at the best so far, until a pass changes "
-                         "nothing; each configuration compiles its own kernel, ~2 s: the bf16 grid's ~140 a shape "
-                         "did not finish one shape in 330 s on the H200)")
+                         "nothing; each configuration compiles its own kernel: the bf16 grid, 144 points a shape "
+                         "before the invalid ones are dropped, finished no shape within two device calls' time)")
     ap.add_argument("--sweep-attn", action="store_true",
                     help="time the split-KV attention's block variants at --sweep-rows rows (bench-8l's attention)")
     ap.add_argument("--attn-ctx", type=int, default=512, help="--sweep-attn: keys in the cache before the rows")
