@@ -168,13 +168,20 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
     rows per lane. The 2-5-row picks: `tools/decode_kernels.py --sweep --sweep-large --sweep-rows
     4,2,5` on the H200 (`receipts/probes/h200-decode-kernels-sweep-rows-20d605d.json`; a 4-row step's
     16 large-N GEMVs of bench-8l 13 % faster, 2 rows 22 %). bf16 weights: the same families with two W rows per lane from 4 rows
-    (half the bytes per weight: the X reads weigh twice as much)."""
+    (half the bytes per weight: the X reads weigh twice as much); one row below the lm head's N,
+    4 outputs a lane and no chunk in flight ahead -- 4 output groups a block (large N) or 4 warps
+    splitting each chunk (small N) -- the fastest of a line search from the earlier pick on the
+    bench-8l shapes (`tools/decode_kernels.py --sweep --sweep-bf16 --sweep-search line
+    --sweep-rows 1`, `receipts/probes/h200-decode-kernels-line-bf16-18bfe83.json`: gdn in
+    19.1 → 13.5 µs, mlp gate+up 18.7 → 12.6, the 2,048-output shapes 8.0-10.1 → 6.3-8.0)."""
     RB = gemv_bucket(R)
     large = N >= GEMV_LARGE_N
     if N < GEMV_TINY_N and RB == 1:
         c = GemvCfg(RB=1, OW=4, NOG=1, NG=8, PF=1)
     elif bf16:
-        if large:
+        if RB == 1 and N < GEMV_HUGE_N:
+            c = GemvCfg(RB=1, OW=4, NOG=4, NG=1, PF=1) if large else GemvCfg(RB=1, OW=4, NOG=1, NG=4, PF=1)
+        elif large:
             c = (GemvCfg(RB=RB, OW=4, NOG=8, NG=1, PF=2) if RB <= 2 else
                  GemvCfg(RB=RB, OW=4, NOG=4, NG=1, PF=1, MO=2))
         else:

@@ -268,6 +268,31 @@ def test_mapped_targets_are_held_while_their_hand_out_is_alive():
     assert b.mapped_free(t)
 
 
+def test_mapped_targets_are_capped_per_process():
+    """The live mapped targets of the process stay within MAPPED_MAX_BYTES (16-byte rounded):
+    past it ``mapped_target`` gives None (the step downloads its logits), and a collected
+    target gives its bytes back."""
+    import gc
+
+    b = fake_backend()
+    old, base = bk.MAPPED_MAX_BYTES, bk._mapped_bytes[0]
+    try:
+        bk.MAPPED_MAX_BYTES = base + 3 * 1200 + 32
+        held = [b.mapped_target((1, 300)) for _ in range(3)]  # 1,200 bytes each
+        assert all(t is not None for t in held) and bk._mapped_bytes[0] == base + 3600
+        assert b.mapped_target((1, 300)) is None and b.mapped_target((1, 5)) is not None  # 20 → 32 bytes: fits
+        gc.collect()
+        assert bk._mapped_bytes[0] == base + 3600  # the 32-byte one was dropped: given back
+        del held[0]
+        gc.collect()
+        assert bk._mapped_bytes[0] == base + 2400 and b.mapped_target((1, 300)) is not None
+        held.clear()
+        gc.collect()
+        assert bk._mapped_bytes[0] == base
+    finally:
+        bk.MAPPED_MAX_BYTES = old
+
+
 def test_mapped_device_view_is_a_device_array_over_numbas_mapped_buffer():
     """numba's mapped array (an ndarray subclass whose ``view`` is the device array's, failing on
     it on a GPU) gets its device view built over the buffer's device memory: a C-contiguous
@@ -291,14 +316,16 @@ def test_logits_ring_gives_each_held_step_its_own_buffer():
     ring and the buffer's index in its key (each buffer has its own capture); a held hand-out
     moves the next step to the next buffer, up to LOGIT_RING, then the plain key and no
     target (the workspace and a download); released, the first buffer serves again. Eager steps
-    (no key, graphs off, a trace) never get one."""
+    (no key, graphs off, a trace) and exact-bf16 steps never get one."""
     import gc
     from types import SimpleNamespace
 
     from harness.engine import model
 
     b = fake_backend()
-    eng = SimpleNamespace(graphs=True, _trace=None, B=b, cfg=SimpleNamespace(vocab_size=50))
+    eng = SimpleNamespace(graphs=True, _trace=None, mode="exact", B=b, cfg=SimpleNamespace(vocab_size=50))
+    eng._fused = lambda: model.Engine._fused(eng)
+    eng._captured = lambda key: model.Engine._captured(eng, key)
     c = SimpleNamespace(logit_rings={})
     slot = lambda key: model.Engine._logits_slot(eng, c, key, 2)  # noqa: E731
     key = ("trunk", 2, 2, None)
@@ -317,6 +344,10 @@ def test_logits_ring_gives_each_held_step_its_own_buffer():
     assert slot(key) == (key, None)
     eng.graphs, eng._trace = True, object()
     assert slot(key) == (key, None)
+    eng._trace, eng.mode = None, "exact-bf16"  # its NaN/Inf check reads the logits back: no ring
+    assert slot(key) == (key, None)
+    eng.mode = "exact"
+    assert slot(key)[0] == key + ("logits", 0)
 
 
 def test_mapped_flags():

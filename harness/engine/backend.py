@@ -188,12 +188,7 @@ class CudaBackend:
         buf = entry[0]
         self._drv.device_to_host(buf, a, a.nbytes)
         out = np.frombuffer(memoryview(buf), a.dtype, a.size).reshape(a.shape)
-        anchor = _anchor(out)
-        try:
-            held = weakref.ref(anchor)
-        except TypeError:
-            held = None
-        entry[1] = held if held is not None and anchor is not _anchor(buf) else (lambda: True)
+        entry[1] = _holder(out, buf)
         return out
 
     def copy_into(self, dst, src):
@@ -224,12 +219,24 @@ class CudaBackend:
         """A buffer a captured step's lm head stores its logits into, for the host to hand out
         with no download: pinned host memory mapped into the device (``dev``, a device array of
         ``shape`` over it; ``host``, numpy's array over the same bytes). None under the
-        simulator's stand-ins that lack it. Free (:meth:`mapped_free`) until handed out
-        (:meth:`hand_out_mapped`), then held while anything of the hand-out is alive."""
+        simulator's stand-ins that lack it, and None once the process's live targets would pass
+        MAPPED_MAX_BYTES (pinned memory is the host's to share: a session's ring buffers live as
+        long as its cache, and a run with many sessions would otherwise pin ~3 × rows × vocab ×
+        4 bytes per step kind and session; the step then downloads its logits as before). Free
+        (:meth:`mapped_free`) until handed out (:meth:`hand_out_mapped`), then held while
+        anything of the hand-out is alive."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        buf = self.cuda.mapped_array(-(-max(nbytes, 1) // 16) * 16, np.uint8)
-        return MappedTarget(buf, mapped_device_view(buf, dtype, shape), tuple(shape), dtype)
+        nbytes = -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // 16) * 16
+        if not _mapped_take(nbytes):
+            return None
+        try:
+            buf = self.cuda.mapped_array(nbytes, np.uint8)
+            t = MappedTarget(buf, mapped_device_view(buf, dtype, shape), tuple(shape), dtype)
+        except BaseException:
+            _mapped_give(nbytes)
+            raise
+        weakref.finalize(t, _mapped_give, nbytes)
+        return t
 
     @staticmethod
     def mapped_free(t) -> bool:
@@ -242,12 +249,7 @@ class CudaBackend:
         anchor that cannot be watched holds it for good)."""
         buf = host_view(t.buf)
         out = np.frombuffer(memoryview(buf), t.dtype, int(np.prod(t.shape))).reshape(t.shape)
-        anchor = _anchor(out)
-        try:
-            held = weakref.ref(anchor)
-        except TypeError:
-            held = None
-        t.held = held if held is not None and anchor is not _anchor(buf) else (lambda: True)
+        t.held = _holder(out, buf)
         return out
 
     def _step_buffer(self, shape, dtype):
@@ -287,6 +289,36 @@ PINNED_MIN_BYTES = 1 << 16  # downloads from this size on go through pinned memo
 POOL_BUFFERS = 4  # per host thread: pinned buffers handed out by downloads
 POOL_MIN_BYTES = 1 << 20  # a pooled buffer's least size
 POOL_MAX_BYTES = 1 << 23  # larger downloads go through the staging buffer (no pinned memory kept for them)
+MAPPED_MAX_BYTES = 1 << 29  # the process's live logits ring buffers (mapped_target), all sessions together
+
+_mapped_lock = threading.Lock()
+_mapped_bytes = [0]  # the live mapped targets' bytes (mapped_target takes, a target's finalizer gives back)
+
+
+def _mapped_take(nbytes) -> bool:
+    """Count ``nbytes`` more of live mapped targets, unless that would pass MAPPED_MAX_BYTES."""
+    with _mapped_lock:
+        if _mapped_bytes[0] + nbytes > MAPPED_MAX_BYTES:
+            return False
+        _mapped_bytes[0] += nbytes
+        return True
+
+
+def _mapped_give(nbytes):
+    with _mapped_lock:
+        _mapped_bytes[0] -= nbytes
+
+
+def _holder(out, buf):
+    """What keeps ``buf`` held while anything of the array ``out`` handed out over it is alive: a
+    weak reference to ``out``'s anchor (:func:`_anchor`), dead once nothing of it is; an anchor
+    that cannot be watched (no weak reference, or ``buf``'s own) holds it for good."""
+    anchor = _anchor(out)
+    try:
+        held = weakref.ref(anchor)
+    except TypeError:
+        held = None
+    return held if held is not None and anchor is not _anchor(buf) else (lambda: True)
 
 
 def _anchor(handout):
@@ -312,7 +344,7 @@ class MappedTarget:
     ``dev`` of ``shape`` and ``dtype`` over it, and ``held``: a weak reference to the anchor of
     its last hand-out (None: never handed out)."""
 
-    __slots__ = ("buf", "dev", "shape", "dtype", "held")
+    __slots__ = ("buf", "dev", "shape", "dtype", "held", "__weakref__")
 
     def __init__(self, buf, dev, shape, dtype):
         self.buf, self.dev, self.shape, self.dtype, self.held = buf, dev, shape, dtype, None

@@ -66,8 +66,8 @@ class Engine:
     Arrays at the API, one convention for every entry point:
 
     - **Logits are host** numpy float32 (``[V]`` or ``[n, V]``), brought to the host by the entry
-      point: every caller picks a token from them. A captured step (at most ``GRAPH_MAX_ROWS``
-      rows: decode, verify, MTP rows) has its lm head store them straight into pinned host
+      point: every caller picks a token from them. A captured step in exact mode (at most
+      ``GRAPH_MAX_ROWS`` rows: decode, verify, MTP rows) has its lm head store them straight into pinned host
       memory mapped into the device, one of a small ring of buffers per step and session, so
       they need no download; other steps download them. The arrays are the caller's: a ring
       buffer is written again only once nothing of the array handed out over it is alive.
@@ -342,14 +342,18 @@ class Engine:
             raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
 
     # ---- steps ------------------------------------------------------------------------------
+    def _captured(self, key):
+        """The key a step is captured under: ``key`` when graphs are on and no trace records, else
+        None (eager)."""
+        return key if self.graphs and self._trace is None else None
+
     def _step(self, c, key, body, inputs, start, keep=()):
         """Run ``body(inputs, start, pos)`` -- kernel launches only -- on cache ``c`` and return
         its outputs: captured and replayed under ``key`` when graphs are on, else eagerly
         (:meth:`~harness.engine.graphs.StepRunner.run`); always eagerly while a trace records.
         ``keep``: buffers the body reads or writes besides the workspace, the rope tables, the
         flags and ``inputs``."""
-        key = key if self.graphs and self._trace is None else None
-        return self.steps.run(c, key, body, inputs, start,
+        return self.steps.run(c, self._captured(key), body, inputs, start,
                               lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
                                        *self._ws.values()])
 
@@ -360,9 +364,13 @@ class Engine:
         (:meth:`~.backend.CudaBackend.mapped_target`), up to LOGIT_RING of them, each written
         by its own capture of the step (the key gets the buffer's index) -- so the host hands
         the logits out after the step with no download; else (``key``, None): the workspace and
-        one download, as for every step too large to capture, on the CPU, or while the caller
-        still holds the logits of every buffer in the ring."""
-        if key is None or not self.graphs or self._trace is not None:
+        one download, as for every step too large to capture, on the CPU, in exact-bf16 mode, or
+        while the caller still holds the logits of every buffer in the ring. Only exact mode's
+        float32 lm head (:meth:`_fused`) stores each logit once and checks it as it stores; in
+        exact-bf16 mode a second kernel reads the logits back for the NaN/Inf flag, and reads of
+        mapped memory cross PCIe (on the H200 its decode step took 2.08 ms against 1.07 with the
+        ring, ``receipts/bench`` at cba8c86)."""
+        if self._captured(key) is None or not self._fused():
             return key, None
         ring = c.logit_rings.setdefault(key, [])
         for i, t in enumerate(ring):
@@ -467,15 +475,23 @@ class Engine:
                 self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm")
             else:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
-        logits = self.ws("logits", n, cfg.vocab_size) if dst is None else dst.dev
-        if flags is not None and self._fused():  # the lm head checks its logits as it writes them
-            ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, len(self.layers))
+        return self._lm_head(hf, R, n, flags, len(self.layers), dst), hf[:R], hf[R - 1:R]
+
+    def _lm_head(self, hf, R, n, flags, slot, dst):
+        """The lm head of the last ``n`` of the step's ``R`` normed rows ``hf``: the logits [n, V]
+        (a view of the workspace, or of ``dst``'s mapped buffer: :meth:`_logits_slot`), checked
+        for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- as the GEMV stores them in
+        exact mode (``linear_flag``, :meth:`_fused`), by a second pass otherwise."""
+        ops = self.ops
+        logits = self.ws("logits", n, self.cfg.vocab_size) if dst is None else dst.dev
+        if flags is not None and self._fused():
+            ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, slot)
         else:
             ops.linear(hf[R - n:], self.lm_head, logits, n)
             if flags is not None:
-                ops.nonfinite_flag(logits, n, flags, len(self.layers))
+                ops.nonfinite_flag(logits, n, flags, slot)
         self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
-        return logits[:n], hf[:R], hf[R - 1:R]
+        return logits[:n]
 
     def prime_chunk(self, sess, ids):
         """Batched prime rows: (logits of the last row [V] host, hidden rows [R, H] backend).
@@ -570,10 +586,7 @@ class Engine:
             mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
             self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm")
-            logits = self.ws("logits", n, cfg.vocab_size) if dst is None else dst.dev
-            ops.linear(hf[R - n:], self.lm_head, logits, n)
-            self._tap("logits", logits, lo=R - n)
-            return logits[:n], hf[:R], hf[R - 1:R]  # views, taken once per capture
+            return self._lm_head(hf, R, n, None, -1, dst), hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
             key, dst = self._logits_slot(c, key, n)

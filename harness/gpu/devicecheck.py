@@ -57,7 +57,7 @@ def op_cases(rng, full: bool = True):
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
     # every side of the dispatch table (numba_kernels.dispatch: GEMV row buckets up to 8, the GEMM
     # above and its 64-row tiles), K % 4 != 0 (scalar loads), bf16 weights (uint16 bit patterns),
-    # the GEMV shape classes of gemv_pick (tiny / small / large / huge N), NaN and ±inf inputs
+    # the GEMV shape classes of gemv_pick (tiny / small / large / huge N; float32 and bf16 weights), NaN and ±inf inputs
     for R in (1, 4, 5, 8, 9, 16, 17, 63, 64, 65) + ((3000,) if full else ()):
         K, N = (1100, 300) if R % 2 else (1024, 257)
         add("linear", f"R{R}-K{K}-N{N}", (_r(rng, R, K), _r(rng, N, K, scale=K ** -0.5), np.zeros((R, N), F32), R), [2])
@@ -67,6 +67,8 @@ def op_cases(rng, full: bool = True):
         for R in (1, 2, 4, 5, 8):
             add("linear", f"class-R{R}-K2048-N{N}",
                 (_r(rng, R, 2048), _r(rng, N, 2048, scale=2048 ** -0.5), np.zeros((R, N), F32), R), [2])
+            add("linear", f"class-bf16-R{R}-K2048-N{N}",
+                (_r(rng, R, 2048), _w16(rng, N, 2048, scale=2048 ** -0.5), np.zeros((R, N), F32), R), [2])
     for R in (1, 8, 9):
         X = _r(rng, R, 96)
         X[0, 3], X[R - 1, 50] = np.nan, np.inf
