@@ -51,3 +51,58 @@ def test_line_search_moves_across_coupled_fields_in_later_passes():
     assert line_search(measure, (4, 1, 1, 1, 1), SPACE) == (8, 1, 8, 1, 1)
     measure, _ = counted(lambda p: table[p[0], p[2]] + p[1] + p[3] + p[4])
     assert line_search(measure, (4, 1, 1, 1, 1), SPACE, passes=1) == (4, 1, 8, 1, 1)
+
+
+def test_ncu_summary_counts_every_kernel_row_of_a_committed_profile():
+    """tools/ncu_summary.py on a committed Nsight Compute CSV (one captured exact-mode decode step
+    on the H200): its kernel count and total are those of the CSV's duration rows, read here
+    with the csv module on its own; a file with no kernel rows (the profiled run failed) is a
+    one-line error, not a traceback."""
+    import csv
+    import io
+
+    import pytest
+    from ncu_summary import summary
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "receipts", "probes", "h200-ncu-decode-exact-f32-0c5a857.csv")
+    text = open(path, encoding="utf-8").read()
+    rows = [r for r in csv.DictReader(io.StringIO(text[text.index('"ID"'):]))
+            if r["Metric Name"] == "gpu__time_duration.sum"]
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+    n, total, by_name = summary(path)
+    assert n == len(rows) > 0
+    assert total == pytest.approx(sum(float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]]
+                                      for r in rows), rel=1e-12)
+    assert sum(v[0] for v in by_name.values()) == n
+    with pytest.raises(SystemExit, match="no kernel rows"):
+        summary(os.path.abspath(__file__))  # a text file without kernel rows
+
+
+def test_decode_profile_rounds_its_random_weights_for_bf16_residency():
+    """tools/decode_profile.py ``--weights bf16``: the random bench-8l-shaped checkpoint's matrices
+    rounded to bf16 (``bench.bf16_checkpoint``), so the engine's exactness check accepts them;
+    the other tensors untouched (the check failed on the unrounded lm head on the H200)."""
+    import numpy as np
+    import pytest
+
+    from harness.engine import bf16
+    from harness.engine.config import ModelConfig
+    from harness.engine.weights import Checkpoint
+    from harness.errors import CheckpointError
+    from harness.gpu.bench import bf16_checkpoint
+    from harness.synth import random_tensors
+    from tests.test_bf16 import DENSE
+
+    cfg = ModelConfig.from_dict(DENSE)
+    ck = Checkpoint(cfg, random_tensors(cfg, 0))
+    with pytest.raises(CheckpointError):
+        bf16.check_exact(ck.tensors)
+    ck16 = bf16_checkpoint(ck)
+    bf16.check_exact(ck16.tensors)
+    names = set(bf16.matrix_names(ck.tensors))
+    for k, v in ck.tensors.items():
+        if k not in names:
+            assert ck16.tensors[k] is v
+        else:
+            assert np.max(np.abs(ck16.tensors[k] - v)) <= np.max(np.abs(v)) * 2.0 ** -8  # bf16 keeps 8 bits

@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=48)
     ap.add_argument("--ncu-step", type=int, default=0)
     ap.add_argument("--mode", default="exact", help="arithmetic mode: exact | exact-bf16")
-    ap.add_argument("--weights", default=None, help="resident weights: f32 | bf16 (default: the mode's)")
+    ap.add_argument("--weights", default=None,
+                    help="resident weights: f32 | bf16 (default: the mode's; bf16: the random matrices rounded to bf16)")
     ap.add_argument("--cprofile", action="store_true", help="also profile the whole steps' host side (cProfile)")
     ap.add_argument("--api-times", action="store_true",
                     help="also time every driver call numba makes during the whole steps (calls and us per step)")
@@ -126,12 +127,14 @@ def main(argv=None) -> int:
     from harness.engine.config import ModelConfig
     from harness.engine.model import Engine
     from harness.engine.weights import Checkpoint
-    from harness.gpu.bench import BENCH_8L
+    from harness.gpu.bench import BENCH_8L, bf16_checkpoint
     from harness.synth import random_tensors
 
     cfg = ModelConfig.from_dict(dict(BENCH_8L, num_nextn_predict_layers=1))
     t0 = time.perf_counter()
     ck = Checkpoint(cfg, random_tensors(cfg, 0))
+    if args.weights == "bf16":  # bf16-resident weights hold bf16 values: round them as the bench does
+        ck = bf16_checkpoint(ck)
     eng = Engine(ck, "cuda", check_finite=True, mode=args.mode, weights=args.weights)
     res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "build_s": time.perf_counter() - t0, "steps": {}}
     B = eng.B

@@ -20,7 +20,9 @@ _EXTRA = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.
 def summary(path: str) -> tuple[int, float, dict]:
     """(kernels, total µs, {kernel name: [launches, µs, {extra metric: sum}]}) of one ncu CSV."""
     lines = open(path, encoding="utf-8").read().splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    head = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if head is None:
+        raise SystemExit(f"ncu_summary: {path}: no kernel rows (did the profiled run fail? see its stderr)")
     by_name: dict = {}
     total = 0.0
     for r in csv.DictReader(io.StringIO("\n".join(lines[head:]))):

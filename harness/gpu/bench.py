@@ -398,16 +398,23 @@ def bf16_engine(ck):
     """bench-8l with bf16-resident weights (issue #14): every matrix rounded to bf16 (round to
     nearest even, what an HF bf16 save does) and kept as bf16 bits on the device. Returns (engine,
     decode bytes per step at the resident sizes)."""
+    from ..engine import bf16
+    from ..engine.model import Engine
+
+    ck16 = bf16_checkpoint(ck)
+    return Engine(ck16, BACKEND, check_finite=True, weights="bf16"), bf16.decode_bytes(ck16.tensors, "bf16")
+
+
+def bf16_checkpoint(ck):
+    """``ck`` with every matrix rounded to bf16 (round to nearest even, what an HF bf16 save
+    does): a checkpoint that ``weights="bf16"`` can keep as bf16 bits."""
     import dataclasses
 
     from ..engine import bf16
-    from ..engine.model import Engine
     from ..engine.modes import round_bf16
 
     names = set(bf16.matrix_names(ck.tensors))
-    t16 = {k: round_bf16(v) if k in names else v for k, v in ck.tensors.items()}
-    ck16 = dataclasses.replace(ck, tensors=t16)
-    return Engine(ck16, BACKEND, check_finite=True, weights="bf16"), bf16.decode_bytes(t16, "bf16")
+    return dataclasses.replace(ck, tensors={k: round_bf16(v) if k in names else v for k, v in ck.tensors.items()})
 
 
 def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):
