@@ -7,7 +7,8 @@
 Compiles the kernel's Python function to PTX for sm_90 (NVVM only: no driver, no device) and
 prints, for each stretch between two barriers (``bar.sync``), its instructions, MMAs and global
 loads, and its loops (a branch back to an earlier label) with the instructions of each loop's
-body. A loop body's count times its trip count is roughly what a warp issues there (ptxas may
+body (a branch back to a label before the stretch's barrier is code layout, not a loop: left
+out). A loop body's count times its trip count is roughly what a warp issues there (ptxas may
 still change the instruction mix: this is a first look, not a profile; ``--out FILE`` keeps the
 PTX). ``MODULE:NAME`` names the ``@cuda.jit`` kernel; the module's CUDA bodies are bound first
 (``numba_kernels.cuda`` imported).
@@ -67,7 +68,7 @@ def count(ptx: str) -> list[dict]:
         loops = []
         for i, t in mine:
             m = re.search(r"\bbra(?:\.uni)?\s+(\$[\w$]+)", t)
-            if m and m.group(1) in labels and labels[m.group(1)] < i:
+            if m and m.group(1) in labels and a <= labels[m.group(1)] < i:  # back within the stretch
                 start = labels[m.group(1)]
                 loops.append((start, i, sum(1 for j, _ in instr if start <= j <= i)))
         out.append({"lines": (a, b), "instructions": len(mine), "mma": sum("mma.sync" in t for _, t in mine),
