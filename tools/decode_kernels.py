@@ -34,6 +34,7 @@ import sys
 import numpy as np
 
 from _cli import int_list
+from _timing import graph_us
 from harness.atomic import write_text_atomic
 
 
@@ -105,26 +106,14 @@ def main(argv=None) -> int:
             ok &= row[ver]
         res["bitwise"].append(row)
         print("bitwise", row, flush=True)
-    start, stop = cuda.event(), cuda.event()
-
     def timed(fn, Ws=(None,)):
         """µs of device time per call of ``fn`` (kernel launches only; ``fn(W)`` with the copies
-        ``Ws`` of a weight in turn, see :func:`copies`): ``args.reps`` calls captured in one CUDA
-        graph, the graph replayed between two events. Launched one by one from Python the GPU
-        waits on the host: a numba launch costs ~90 µs of host time on the H200's machine, more
-        than a 2,048-output GEMV runs, so eager timings of the small kernels measured the
-        launches (every configuration ~92 µs in the sweep of c0b5f5b)."""
+        ``Ws`` of a weight in turn, see :func:`copies`): ``args.reps`` calls in one CUDA graph
+        (:func:`_timing.graph_us`; eager timings of the small kernels measured the launches:
+        every configuration ~92 µs in the sweep of c0b5f5b)."""
         fn(Ws[0])
         cuda.synchronize()
-        graph, _ = kc.capture(lambda: [fn(Ws[i % len(Ws)]) for i in range(args.reps)])
-        graph.replay()
-        cuda.synchronize()
-        start.record()
-        for _ in range(3):
-            graph.replay()
-        stop.record()
-        stop.synchronize()
-        return cuda.event_elapsed_time(start, stop) / (3 * args.reps) * 1e3  # µs
+        return graph_us(lambda i: fn(Ws[i % len(Ws)]), args.reps)
 
     # bench-8l decode GEMVs (R = 1): qkvz+ba, out, gate+up, down, attention qkv, o, lm head
     for name, K, N in [("gdn in", 2048, 12288 + 64), ("gdn out", 4096, 2048), ("mlp gate+up", 2048, 11264),

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _timing import graph_us  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
@@ -53,7 +54,6 @@ def main(argv=None) -> int:
     V = rng.standard_normal((args.cap, hkv * D)).astype(np.float32)
     dK, dV = cuda.to_device(K), cuda.to_device(V)
     res = {"ctx": args.ctx, "cap": args.cap, "hq": hq, "hkv": hkv, "D": D, "reps": args.reps, "steps": []}
-    start, stop = cuda.event(), cuda.event()
     ok = True
     for R in rows:
         Q = rng.standard_normal((R, hq * D)).astype(np.float32)
@@ -71,15 +71,7 @@ def main(argv=None) -> int:
         ok &= same
         row = {"R": R, "ran": bool(ran), "bitwise": same, "kernels": sorted(kc.LAUNCHES)}
         if same:
-            graph, _ = kc.capture(lambda: [call() for _ in range(args.reps)])
-            graph.replay()
-            cuda.synchronize()
-            start.record()
-            for _ in range(3):
-                graph.replay()
-            stop.record()
-            stop.synchronize()
-            row["us"] = cuda.event_elapsed_time(start, stop) / (3 * args.reps) * 1e3
+            row["us"] = graph_us(lambda _: call(), args.reps)
         res["steps"].append(row)
         print(f"R{R}: bitwise {same}, {row.get('us', float('nan')):.1f} us a call ({', '.join(row['kernels'])})",
               flush=True)
