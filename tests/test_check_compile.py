@@ -75,3 +75,30 @@ $L__BB0_1:
 }
 """
     assert chk.ptx_count(ptx) == 4  # ld.param, fma, setp, ret (not the helper, directives, label, comment)
+
+
+def test_ptx_stretches_split_at_barriers_and_find_loops_within_a_stretch():
+    """``--stretches``: a hand-written entry function's instructions per stretch between barriers;
+    a loop is a branch back to a label inside the same stretch (its body counted from the label
+    to the branch); a branch back past a barrier is layout, not a loop; a helper function before
+    the entry is not counted."""
+    ptx = "\n".join([
+        ".visible .func helper() { ret; }",
+        ".visible .entry k(", ")", "{",
+        "\tld.global.u32 \t%r1, [%rd1];",       # stretch 0: 2 instructions, no loop
+        "\tadd.s32 \t%r2, %r1, 1;",
+        "$L__BB0_1:",
+        "\tbar.sync \t0;",                       # the cut (a stretch starts at its barrier)
+        "$L__BB0_2:",
+        "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \t{%f1}, {%r1}, {%r2}, {%f2};",
+        "\tadd.s32 \t%r3, %r3, 1;",
+        "\t@%p1 bra \t$L__BB0_2;",               # a loop of 3 (label .. branch)
+        "\t@%p2 bra \t$L__BB0_1;",               # back past the barrier: layout
+        "\tret;",
+        "}",
+    ])
+    segs = chk.ptx_stretches(ptx)
+    assert [s["instructions"] for s in segs] == [2, 6]
+    assert [s["mma"] for s in segs] == [0, 1] and [s["ld_global"] for s in segs] == [1, 0]
+    assert segs[0]["loops"] == [] and [n for _, _, n in segs[1]["loops"]] == [3]
+    assert sum(s["instructions"] for s in segs) == chk.ptx_count(ptx)

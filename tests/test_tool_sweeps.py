@@ -108,32 +108,6 @@ def test_decode_profile_rounds_its_random_weights_for_bf16_residency():
             assert np.max(np.abs(ck16.tensors[k] - v)) <= np.max(np.abs(v)) * 2.0 ** -8  # bf16 keeps 8 bits
 
 
-def test_ptx_count_splits_at_barriers_and_finds_loops_within_a_stretch():
-    """tools/ptx_count.py's counting on a hand-written PTX body: instructions per stretch between
-    barriers, a loop is a branch back to a label inside the same stretch (its body counted from
-    the label to the branch), a branch back past a barrier is layout, not a loop."""
-    from ptx_count import count
-
-    ptx = "\n".join([
-        ".visible .entry k(", ")", "{",
-        "\tld.global.u32 \t%r1, [%rd1];",       # stretch 0: 3 instructions, no loop
-        "\tadd.s32 \t%r2, %r1, 1;",
-        "$L__BB0_1:",
-        "\tbar.sync \t0;",                       # the cut (a stretch starts at its barrier)
-        "$L__BB0_2:",
-        "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \t{%f1}, {%r1}, {%r2}, {%f2};",
-        "\tadd.s32 \t%r3, %r3, 1;",
-        "\t@%p1 bra \t$L__BB0_2;",               # a loop of 3 (label .. branch)
-        "\t@%p2 bra \t$L__BB0_1;",               # back past the barrier: layout
-        "\tret;",
-        "}",
-    ])
-    segs = count(ptx)
-    assert [s["instructions"] for s in segs] == [2, 6]
-    assert [s["mma"] for s in segs] == [0, 1] and [s["ld_global"] for s in segs] == [1, 0]
-    assert segs[0]["loops"] == [] and [n for _, _, n in segs[1]["loops"]] == [3]
-
-
 def test_probe_attn_sk_refuses_a_cache_shorter_than_the_step():
     """tools/probe_attn_sk.py (GPU only): its arguments are checked before anything compiles."""
     import pytest

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the CUDA kernels for sm_90 on a machine without a GPU, before spending device time.
 
-    python tools/check_compile.py [--ptxas] [--only NAME[,NAME]] [--json FILE]
+    python tools/check_compile.py [--ptxas] [--only NAME[,NAME]] [--json FILE] [--stretches] [--mma-only]
 
 Numba's simulator runs a kernel's Python, not its compilation, so it misses what only the CUDA
 compiler rejects: a device function that does not type for CUDA, a ``cuda.shared.array`` size
@@ -19,6 +19,11 @@ that is an expression instead of a named constant, a register budget that spills
 
 Each line also gives the kernel's static PTX instruction count (``ptx_count``: the instructions of
 its entry function; a proxy, before ptxas, for the instruction work a change adds or removes).
+``--stretches`` breaks each kernel's count down (``ptx_stretches``): per stretch between two
+barriers, its instructions, MMAs and global loads, and each loop's body (a branch back to a
+label inside the stretch; a body's count times its trip count is roughly what a warp issues
+there). ``--mma-only`` compiles the tensor-core kernels alone, without the simulator run
+(seconds): ``python tools/check_compile.py --mma-only --only attention_mma_sk_k --stretches``.
 
 Prints one line per compiled kernel and exits 1 if any fails. A generated kernel is compiled in
 the configurations the op cases use, not every configuration a model's shapes pick.
@@ -152,16 +157,45 @@ def ptx_count(ptx: str) -> int:
                if ";" in line and not line.strip().startswith((".", "//", "{", "}")))
 
 
-def compile_all(recorded, only=None, ptxas=False):
+def ptx_stretches(ptx: str) -> list[dict]:
+    """The entry function's PTX per stretch between barriers (``bar.sync``): {"lines": (first,
+    last), "instructions", "mma", "ld_global", "loops": [(label line, branch line, body
+    instructions)]}; a loop is a branch back to a label inside the stretch (one back past its
+    barrier is code layout)."""
+    lines = ptx.splitlines()
+    first = next((i for i, line in enumerate(lines) if ".entry" in line), 0)
+    labels, instr = {}, []
+    for i, line in enumerate(lines[first:], first):
+        t = line.strip()
+        if t.startswith("$") and t.endswith(":"):
+            labels[t[:-1]] = i
+        elif ";" in t and not t.startswith((".", "//", "{", "}")):
+            instr.append((i, t))
+    cuts = [first] + [i for i, t in instr if t.startswith(("bar.sync", "barrier.sync"))] + [len(lines)]
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        mine = [(i, t) for i, t in instr if a <= i < b]
+        loops = []
+        for i, t in mine:
+            m = re.search(r"\bbra(?:\.uni)?\s+(\$[\w$]+)", t)
+            if m and m.group(1) in labels and a <= labels[m.group(1)] < i:
+                start = labels[m.group(1)]
+                loops.append((start, i, sum(1 for j, _ in instr if start <= j <= i)))
+        out.append({"lines": (a, b), "instructions": len(mine), "mma": sum("mma.sync" in t for _, t in mine),
+                    "ld_global": sum("ld.global" in t for _, t in mine), "loops": loops})
+    return out
+
+
+def compile_all(recorded, only=None, ptxas=False, stretches=False):
     """Compile every recorded (kernel, signature) and the tensor-core kernels; returns rows."""
     import numpy as np
 
     np.row_stack = getattr(np, "row_stack", np.vstack)  # numba-cuda 0.30.4 with numpy 2.5
     with _no_device_cc():
-        return _compile_all(recorded, only, ptxas)
+        return _compile_all(recorded, only, ptxas, stretches)
 
 
-def _compile_all(recorded, only, ptxas):
+def _compile_all(recorded, only, ptxas, stretches=False):
     from numba import cuda
 
     from numba_kernels import cuda as kc
@@ -216,6 +250,8 @@ def _compile_all(recorded, only, ptxas):
             lb = opts.get("launch_bounds")
             ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **({"launch_bounds": lb} if lb else {}))
             row.update(ok=True, ptx_instructions=ptx_count(ptx))
+            if stretches:
+                row["stretches"] = ptx_stretches(ptx)
             if ptxas:
                 regs, spill, err = _ptxas(ptx, opts.get("max_registers"))
                 row.update(registers=regs, spill_bytes=spill)
@@ -229,6 +265,10 @@ def _compile_all(recorded, only, ptxas):
         extra += f", {row['registers']} regs, {row['spill_bytes']} B spilled" if "registers" in row else ""
         print(f"{'ok  ' if row['ok'] else 'FAIL'} {name}({row['signature']}){extra}"
               + ("" if row["ok"] else f"\n     {row['error']}"), flush=True)
+        for k, st in enumerate(row.get("stretches", [])):
+            loops = ", ".join(f"PTX lines {a}-{b}: {n}" for a, b, n in st["loops"]) or "none"
+            print(f"     stretch {k}: {st['instructions']} instructions, {st['mma']} mma, {st['ld_global']} ld.global;"
+                  f" loop bodies: {loops}", flush=True)
     return rows
 
 
@@ -237,6 +277,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ptxas", action="store_true", help="also assemble for sm_90: registers and spills")
     ap.add_argument("--only", default="", help="kernel names to compile (comma-separated); default all")
     ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--stretches", action="store_true",
+                    help="also each kernel's PTX per stretch between barriers and per loop body")
+    ap.add_argument("--mma-only", action="store_true",
+                    help="only the tensor-core kernels of mma_tc (no simulator run: seconds)")
     ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)  # step 1, in the simulator
     a = ap.parse_args(argv)
     if a.record:
@@ -244,6 +288,15 @@ def main(argv=None) -> int:
     if a.ptxas and not shutil.which("ptxas"):
         print("check_compile: --ptxas needs ptxas on PATH", file=sys.stderr)
         return 2
+    only = {n for n in a.only.split(",") if n}
+    if a.mma_only:
+        rows = compile_all([], only, a.ptxas, a.stretches)
+        bad = [r for r in rows if not r["ok"]]
+        if not rows:
+            print(f"check_compile: no tensor-core kernel named {sorted(only)}", file=sys.stderr)
+            return 2
+        print(f"check_compile: {len(rows) - len(bad)}/{len(rows)} compiled for sm_90")
+        return 1 if bad else 0
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--record"], cwd=ROOT, env=env,
@@ -257,8 +310,7 @@ def main(argv=None) -> int:
     print(f"simulator: {len(rec['kernels'])} kernels launched by the op cases in {time.perf_counter() - t0:.0f} s"
           + (f"; NOT bitwise: {rec['not_bitwise']}" if rec["not_bitwise"] else "")
           + (f"; launched but not recorded (not compiled here): {rec['missed']}" if rec["missed"] else ""), flush=True)
-    only = {n for n in a.only.split(",") if n}
-    rows = compile_all(rec["kernels"], only, a.ptxas)
+    rows = compile_all(rec["kernels"], only, a.ptxas, a.stretches)
     bad = [r for r in rows if not r["ok"]]
     if a.json:
         from harness.atomic import write_text_atomic
