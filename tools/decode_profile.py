@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _cli import int_list  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--rows", default=(1, 5), type=int_list(1, 8, "row counts"),
+                    help="step sizes, comma-separated (1: a decode step; up to 8, the captured steps)")
     ap.add_argument("--reps", type=int, default=48)
     ap.add_argument("--ncu-step", type=int, default=0)
     ap.add_argument("--mode", default="exact", help="arithmetic mode: exact | exact-bf16")
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "build_s": time.perf_counter() - t0, "steps": {}}
     B = eng.B
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
-    for R in [int(r) for r in args.rows.split(",")]:
+    for R in args.rows:
         sess = eng.new_session(args.ctx + 4 * args.reps + 64)
         eng.prime(sess, ids)
         step = (lambda t: eng.decode_step(sess, t)) if R == 1 else \

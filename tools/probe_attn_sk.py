@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _cli import int_list  # noqa: E402
 from _timing import graph_us  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
@@ -30,15 +31,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ctx", type=int, default=512, help="keys before the step's first row")
     ap.add_argument("--cap", type=int, default=768, help="the cache's positions (the grid's reach)")
-    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--rows", default=(1, 5), type=int_list(1, 16, "row counts"),
+                    help="row counts, comma-separated (split-KV serves up to 16)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--hq", type=int, default=16)
     ap.add_argument("--hkv", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=256)
     args = ap.parse_args(argv)
-    rows = [int(r) for r in args.rows.split(",")]
-    if args.ctx < 0 or args.reps < 1 or any(r < 1 for r in rows) or args.cap < args.ctx + max(rows):
-        ap.error("--ctx ≥ 0, --reps ≥ 1, rows ≥ 1 and --cap ≥ ctx + the largest row count")
+    rows = args.rows
+    if args.ctx < 0 or args.reps < 1 or args.cap < args.ctx + max(rows):
+        ap.error("--ctx ≥ 0, --reps ≥ 1 and --cap ≥ ctx + the largest row count")
     if not hasattr(np, "row_stack"):  # numba-cuda 0.30 with numpy 2.5
         np.row_stack = np.vstack
     from numba import cuda
