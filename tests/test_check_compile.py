@@ -102,3 +102,20 @@ def test_ptx_stretches_split_at_barriers_and_find_loops_within_a_stretch():
     assert [s["mma"] for s in segs] == [0, 1] and [s["ld_global"] for s in segs] == [1, 0]
     assert segs[0]["loops"] == [] and [n for _, _, n in segs[1]["loops"]] == [3]
     assert sum(s["instructions"] for s in segs) == chk.ptx_count(ptx)
+
+
+def test_mma_only_compiles_named_tensor_core_kernels_without_the_simulator(tmp_path, capsys):
+    """``--mma-only``: the tensor-core kernels alone (no simulator subprocess), ``--json`` written
+    as for a whole run, per-stretch lines with ``--stretches``; a name that is not one of them is
+    a one-line usage error (exit 2), not an empty success."""
+    import json
+
+    out = tmp_path / "cc.json"
+    assert chk.main(["--mma-only", "--only", "mma_pack_x_k", "--stretches", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ok   mma_pack_x_k(" in printed and "stretch 0:" in printed and "1/1 compiled" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kernel"] for r in rows] == ["mma_pack_x_k"] and rows[0]["stretches"]
+    assert rows[0]["ptx_instructions"] == sum(s["instructions"] for s in rows[0]["stretches"])
+    assert chk.main(["--mma-only", "--only", "no_such_k"]) == 2
+    assert "no kernel named ['no_such_k']" in capsys.readouterr().err

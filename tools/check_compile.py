@@ -149,12 +149,15 @@ def _ptxas(ptx, max_registers=None):
     return max(regs or [0]), max(spills or [0]), None
 
 
+def _instruction(line: str) -> bool:
+    """Whether a PTX line is an instruction (a statement, not a directive, label or comment; an
+    inline-asm block's instructions one by one)."""
+    return ";" in line and not line.strip().startswith((".", "//", "{", "}"))
+
+
 def ptx_count(ptx: str) -> int:
-    """The instructions of the PTX's entry function (statements, not directives, labels or
-    comments; an inline-asm block's instructions counted one by one)."""
-    body = ptx[ptx.index(".entry"):]
-    return sum(1 for line in body.splitlines()
-               if ";" in line and not line.strip().startswith((".", "//", "{", "}")))
+    """The instructions of the PTX's entry function."""
+    return sum(1 for line in ptx[ptx.index(".entry"):].splitlines() if _instruction(line))
 
 
 def ptx_stretches(ptx: str) -> list[dict]:
@@ -169,7 +172,7 @@ def ptx_stretches(ptx: str) -> list[dict]:
         t = line.strip()
         if t.startswith("$") and t.endswith(":"):
             labels[t[:-1]] = i
-        elif ";" in t and not t.startswith((".", "//", "{", "}")):
+        elif _instruction(t):
             instr.append((i, t))
     cuts = [first] + [i for i, t in instr if t.startswith(("bar.sync", "barrier.sync"))] + [len(lines)]
     out = []
@@ -289,14 +292,26 @@ def main(argv=None) -> int:
         print("check_compile: --ptxas needs ptxas on PATH", file=sys.stderr)
         return 2
     only = {n for n in a.only.split(",") if n}
-    if a.mma_only:
-        rows = compile_all([], only, a.ptxas, a.stretches)
-        bad = [r for r in rows if not r["ok"]]
-        if not rows:
-            print(f"check_compile: no tensor-core kernel named {sorted(only)}", file=sys.stderr)
-            return 2
-        print(f"check_compile: {len(rows) - len(bad)}/{len(rows)} compiled for sm_90")
-        return 1 if bad else 0
+    rec = {"kernels": [], "not_bitwise": []} if a.mma_only else _recorded()
+    if rec is None:
+        return 1
+    rows = compile_all(rec["kernels"], only, a.ptxas, a.stretches)
+    if not rows:
+        print(f"check_compile: no kernel named {sorted(only)}" + (" among the tensor-core ones" if a.mma_only else ""),
+              file=sys.stderr)
+        return 2
+    bad = [r for r in rows if not r["ok"]]
+    if a.json:
+        from harness.atomic import write_text_atomic
+
+        write_text_atomic(a.json, json.dumps({"rows": rows, "not_bitwise": rec["not_bitwise"]}, indent=1))
+    print(f"check_compile: {len(rows) - len(bad)}/{len(rows)} compiled for sm_90")
+    return 1 if bad or rec["not_bitwise"] else 0
+
+
+def _recorded():
+    """Step 1 in a subprocess under the simulator: {"kernels", "not_bitwise", "missed"}, or None
+    (said why) when that run failed."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--record"], cwd=ROOT, env=env,
@@ -305,19 +320,12 @@ def main(argv=None) -> int:
     if p.returncode or line is None:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
         print(f"check_compile: the simulator run failed: {tail[0]}", file=sys.stderr)
-        return 1
+        return None
     rec = json.loads(line[len(MARK):])
     print(f"simulator: {len(rec['kernels'])} kernels launched by the op cases in {time.perf_counter() - t0:.0f} s"
           + (f"; NOT bitwise: {rec['not_bitwise']}" if rec["not_bitwise"] else "")
           + (f"; launched but not recorded (not compiled here): {rec['missed']}" if rec["missed"] else ""), flush=True)
-    rows = compile_all(rec["kernels"], only, a.ptxas, a.stretches)
-    bad = [r for r in rows if not r["ok"]]
-    if a.json:
-        from harness.atomic import write_text_atomic
-
-        write_text_atomic(a.json, json.dumps({"rows": rows, "not_bitwise": rec["not_bitwise"]}, indent=1))
-    print(f"check_compile: {len(rows) - len(bad)}/{len(rows)} compiled for sm_90")
-    return 1 if bad or rec["not_bitwise"] else 0
+    return rec
 
 
 if __name__ == "__main__":
