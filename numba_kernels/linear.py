@@ -173,7 +173,10 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
     splitting each chunk (small N) -- the fastest of a line search from the earlier pick on the
     bench-8l shapes (`tools/decode_kernels.py --sweep --sweep-bf16 --sweep-search line
     --sweep-rows 1`, `receipts/probes/h200-decode-kernels-line-bf16-18bfe83.json`: gdn in
-    19.1 → 13.5 µs, mlp gate+up 18.7 → 12.6, the 2,048-output shapes 8.0-10.1 → 6.3-8.0)."""
+    19.1 → 13.5 µs, mlp gate+up 18.7 → 12.6, the 2,048-output shapes 8.0-10.1 → 6.3-8.0); two
+    rows the same way (`--sweep-rows 5,2`, `receipts/probes/h200-decode-kernels-line-bf16-r5r2-0c5a857.json`):
+    8 output groups a block, no chunk ahead (large N: gdn in 21.4 → 13.8 µs) and 8 warps
+    splitting each chunk (small N: 8.4-10.5 → 7.0-9.3)."""
     RB = gemv_bucket(R)
     large = N >= GEMV_LARGE_N
     if N < GEMV_TINY_N and RB == 1:
@@ -181,6 +184,8 @@ def gemv_pick(N: int, K: int, R: int, bf16: bool = False, vec: bool = True) -> G
     elif bf16:
         if RB == 1 and N < GEMV_HUGE_N:
             c = GemvCfg(RB=1, OW=4, NOG=4, NG=1, PF=1) if large else GemvCfg(RB=1, OW=4, NOG=1, NG=4, PF=1)
+        elif RB == 2 and N < GEMV_HUGE_N:
+            c = GemvCfg(RB=2, OW=4, NOG=8, NG=1, PF=1) if large else GemvCfg(RB=2, OW=8, NOG=1, NG=8, PF=1)
         elif large:
             c = (GemvCfg(RB=RB, OW=4, NOG=8, NG=1, PF=2) if RB <= 2 else
                  GemvCfg(RB=RB, OW=4, NOG=4, NG=1, PF=1, MO=2))

@@ -1264,9 +1264,18 @@ def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
 # Before the grouped loads (two n-tiles of QKᵀ a warp, four warps, a step's loads then its MMAs)
 # the kernel ran one memory latency per step: 66 µs a call at ~700 keys on the H200 (Nsight
 # Compute, receipts/probes/README.md).
+# The group's 16 query rows are rounded to bf16 pairs once per block, into shared memory (sQ), and
+# every warp takes its A fragments from there: each warp had rounded all of them from global
+# memory itself (Numba's 2-D indexing, the clamps and the rounding: 1,445 of a QKᵀ step group's
+# PTX instructions before, 596 after, `tools/check_compile.py --stretches`; at head_dim 256 the group loop was ~70 %
+# of a warp's instructions, and a decode call took ~55 µs on the H200 against ~10 for the float32
+# mode's kernel: receipts/probes/README.md). The same words, so the same bits. Head dims past
+# SK_Q_MAX_D take the other exact-bf16 kernels (attention_mma_gpu).
 SK_WARPS = ATT_TILE // 8  # a warp per 8-key n-tile of QKᵀ
 SK_QK_STEPS = 4  # QKᵀ steps whose fragments are loaded together
 _SK_FR = 6 * SK_QK_STEPS  # their words a lane
+SK_Q_MAX_D = 256  # head_dim up to this: sQ holds a row's D rounded up to 64, in pairs
+_SK_QW = SK_Q_MAX_D // 2 + 4  # sQ's row stride (words): rows g and g + 1 four banks apart
 
 
 @cuda.jit
@@ -1290,11 +1299,19 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
     q = lane & 3
     sS = cuda.shared.array((16, _SST), np.float32)
     sM = cuda.shared.array(16, np.float32)
-    qa = (kvh * rep + h0 + g) * D  # Q columns of head rows g and g + 8
-    qb = qa + 8 * D
+    sQ = cuda.shared.array((16, _SK_QW), np.uint32)
     va = h0 + g < rep
     vb = h0 + g + 8 < rep
     ko = kvh * D
+    # 0. the group's head rows as bf16 pairs: sQ[m, j] = dims 2j, 2j + 1 of head h0 + m (+0 for
+    # heads past the group's and dims past D), j up to D rounded up to 64 (the steps' reach)
+    jw = ((D + 63) >> 6) << 5
+    q0 = (kvh * rep + h0) * D
+    for x in range(tid, 16 * jw, 32 * SK_WARPS):
+        m = x // jw
+        j = x - m * jw
+        sQ[m, j] = _pair(Qu, r, q0 + m * D + 2 * j, h0 + m < rep, 2 * j, D)
+    cuda.syncthreads()
     # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it), the
     # fragments of SK_QK_STEPS steps loaded together before their MMAs (one memory latency a
     # group, not a step; loads past head_dim come from clamped addresses and are +0)
@@ -1309,10 +1326,11 @@ def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
             for i in range(SK_QK_STEPS):
                 d0 = st0 + 16 * i + 2 * q
                 d2 = d0 + 8
-                fr[6 * i] = _pair(Qu, r, qa + d0, va, d0, D)
-                fr[6 * i + 1] = _pair(Qu, r, qb + d0, vb, d0, D)
-                fr[6 * i + 2] = _pair(Qu, r, qa + d2, va, d2, D)
-                fr[6 * i + 3] = _pair(Qu, r, qb + d2, vb, d2, D)
+                w0 = d0 >> 1
+                fr[6 * i] = sQ[g, w0]
+                fr[6 * i + 1] = sQ[g + 8, w0]
+                fr[6 * i + 2] = sQ[g, w0 + 4]
+                fr[6 * i + 3] = sQ[g + 8, w0 + 4]
                 fr[6 * i + 4] = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
                 fr[6 * i + 5] = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
             for i in range(SK_QK_STEPS):
@@ -1396,10 +1414,12 @@ def _vpair(Vu, key, ko, col, klim, D):
 def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     """Split-KV exact-bf16 attention of up to ``SPLIT_MAX_ROWS`` rows on the tensor cores
     (:func:`attention_mma_sk_k`, then the fp32 mode's ordered merge): the buffers, conditions and
-    bits of ``attention_mma_split``. Returns False (did nothing) when its buffers would not fit."""
+    bits of ``attention_mma_split``. Returns False (did nothing) when its buffers would not fit
+    or head_dim passes ``SK_Q_MAX_D``."""
     ntiles = (start + R - 1) // ATT_TILE + 1 if pos is None else (kc.shape[0] - 1) // ATT_TILE + 1
     need = R * hq * ntiles
-    if 4 * need * (D + 2 + ATT_TILE) > SPLIT_MAX_STATS_BYTES or not all(a.is_c_contiguous() for a in (Q, kc, vc)):
+    if (4 * need * (D + 2 + ATT_TILE) > SPLIT_MAX_STATS_BYTES or D > SK_Q_MAX_D
+            or not all(a.is_c_contiguous() for a in (Q, kc, vc))):
         return False
     if R <= 0:
         return True

@@ -101,6 +101,10 @@ SCRIPT = textwrap.dedent(r'''
     case(L.gemv_pick(2048, 600, 1, bf16=True), 1, 600, 9, bf16=True)
     case(L.gemv_pick(9000, 333, 1, bf16=True, vec=False), 1, 333, 40, bf16=True)  # their scalar paths (K % 8 != 0)
     case(L.gemv_pick(2048, 333, 1, bf16=True, vec=False), 1, 333, 9, bf16=True)
+    case(L.gemv_pick(9000, 600, 2, bf16=True), 2, 600, 40, bf16=True)  # bf16 two rows, large and small N
+    case(L.gemv_pick(2048, 600, 2, bf16=True), 2, 600, 9, bf16=True)
+    case(L.gemv_pick(9000, 333, 2, bf16=True, vec=False), 2, 333, 40, bf16=True)
+    case(L.gemv_pick(2048, 333, 2, bf16=True, vec=False), 2, 333, 9, bf16=True)
     case(L.gemv_pick(2048, 5000, 4), 4, 5000, 9)          # small N past K = 4,096: two chunks in flight
     case(None, 2, 333, 11)                   # K % 4 != 0 → scalar path chosen by launch()
     case(None, 3, 600, 21, bf16=True)

@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent(r'''
     import mma_sim
     mt = mma_sim.load()
     from numba_kernels import cpu
+    from numba_kernels.launch import LAUNCHES
 
     rng = np.random.default_rng(0)
     res = []
@@ -74,6 +75,7 @@ SCRIPT = textwrap.dedent(r'''
         cpu.attention_mma(Q, K, V, want, start, R, hq, hkv, D, scale)
         out = cuda.to_device(np.full((R, hq * D), 7.0, np.float32))
         t = time.perf_counter()
+        LAUNCHES.clear()
         if pos:
             mt.attention_mma_gpu(cuda.to_device(Q), cuda.to_device(K), cuda.to_device(V), out, 0, R, hq, hkv, D,
                                  scale, pos=cuda.to_device(np.array([start], np.int32)))
@@ -82,7 +84,8 @@ SCRIPT = textwrap.dedent(r'''
                                  D, scale)
         res.append({"case": f"attention R{R} Hq{hq} Hkv{hkv} D{D} p{start}{' @pos' if pos else ''}"
                             f"{' nonfinite' if nonfinite else ''}",
-                    "same": same(out.copy_to_host(), want), "s": round(time.perf_counter() - t, 1)})
+                    "same": same(out.copy_to_host(), want), "s": round(time.perf_counter() - t, 1),
+                    "kernels": sorted(LAUNCHES)})
 
     # the bf16-resident GEMV, one kernel per X rows staged (1, 2, 4, 8, 16): a whole stage then a
     # last step of 8 terms (264); four stages of the ring and a fifth that reuses the first, then a
@@ -119,6 +122,11 @@ SCRIPT = textwrap.dedent(r'''
     # head_dim 144: QKᵀ's grouped loads over three groups of steps, the last part-filled; P·V's
     # 18 n-tiles, two a time per warp, the second of a pair past head_dim
     attention(1, 2, 1, 144, 70)
+    # the query rows staged in shared memory (sQ) at the largest head_dim it holds (256), with a
+    # NaN query and non-finite K/V in split-KV, and past it (264: the other kernels)
+    attention(1, 3, 1, 256, 70)
+    attention(4, 4, 2, 16, 20, nonfinite=True)
+    attention(2, 2, 1, 264, 10)
     # past 16 rows the packed tensor-core attention: a second 16-row warp of one row, a query tile
     # starting mid-tile; head_dim 12 (a last n-tile of 4 columns); non-finite inputs
     attention(17, 2, 1, 16, 50)
@@ -138,6 +146,10 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 21
+    assert len(res) == 24
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"
+    ran = {r["case"]: r.get("kernels", []) for r in res}
+    assert "attention_mma_sk_k" in ran["attention R1 Hq3 Hkv1 D256 p70"]  # sQ at its largest head_dim
+    assert "attention_mma_sk_k" in ran["attention R4 Hq4 Hkv2 D16 p20 nonfinite"]
+    assert "attention_mma_sk_k" not in ran["attention R2 Hq2 Hkv1 D264 p10"]  # past SK_Q_MAX_D: another kernel
