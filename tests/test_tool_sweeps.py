@@ -79,6 +79,36 @@ def test_ncu_summary_counts_every_kernel_row_of_a_committed_profile():
         summary(os.path.abspath(__file__))  # a text file without kernel rows
 
 
+def test_ncu_summary_reads_a_details_page_by_its_speed_of_light_duration(capsys):
+    """A details page (``--page details``: sections, no gpu__time_duration.sum) counts each
+    profiled launch once, by its Speed Of Light "Duration" (ns), checked against the committed
+    CSV's own Duration rows read with the csv module; a missing file or no argument is a
+    one-line usage error."""
+    import csv
+    import io
+
+    import pytest
+    from ncu_summary import main, summary
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "receipts", "probes", "h200-ncu-vd-sk-details-ada597a.csv")
+    text = open(path, encoding="utf-8").read()
+    rows = [r for r in csv.DictReader(io.StringIO(text[text.index('"ID"'):]))
+            if (r["Section Name"], r["Metric Name"]) == ("GPU Speed Of Light Throughput", "Duration")]
+    assert {r["Metric Unit"] for r in rows} == {"ns"}
+    ids = {r["ID"] for r in rows}
+    n, total, by_name = summary(path)
+    assert n == len(rows) == len(ids) == 14
+    assert total == pytest.approx(sum(float(r["Metric Value"].replace(",", "")) for r in rows) / 1e3, rel=1e-12)
+    assert by_name["attention_mma_sk_k"][0] == 1
+    with pytest.raises(SystemExit, match="no such file"):
+        main([path + ".missing"])
+    with pytest.raises(SystemExit):
+        main([])
+    assert main([path]) == 0
+    assert "14 kernels" in capsys.readouterr().out
+
+
 def test_decode_profile_rounds_its_random_weights_for_bf16_residency():
     """tools/decode_profile.py ``--weights bf16``: the random bench-8l-shaped checkpoint's matrices
     rounded to bf16 (``bench.bf16_checkpoint``), so the engine's exactness check accepts them;
