@@ -119,3 +119,47 @@ def test_mma_only_compiles_named_tensor_core_kernels_without_the_simulator(tmp_p
     assert rows[0]["ptx_instructions"] == sum(s["instructions"] for s in rows[0]["stretches"])
     assert chk.main(["--mma-only", "--only", "no_such_k"]) == 2
     assert "no kernel named ['no_such_k']" in capsys.readouterr().err
+
+
+SASS = """
+        .text.linear_mma_vd1w_k:
+.L_x_24:
+        /*1df0*/                   ULDC.64 UR24, c[0x0][0x288] ;
+        /*1e00*/                   DEPBAR.LE SB0, 0x2 ;
+        /*1e10*/              @!PT LDS RZ, [RZ] ;
+        /*1e20*/                   LDGSTS.E.BYPASS.128 [R23], desc[UR18][R18.64] ;
+        /*1e30*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*1e40*/                   LDSM.16.M88.4 R24, [R47] ;
+        /*1e50*/                   IMAD.MOV.U32 R16, RZ, RZ, R24 ;
+        /*1e60*/                   MOV R9, R4 ;
+        /*1e70*/                   IMAD.SHL.U32 R12, R12, 0x4, RZ ;
+        /*1e80*/                   HMMA.16816.F32.BF16 R24, R16, R8, R24 ;
+        /*1e90*/                   NOP ;
+        /*1ea0*/               @P0 BRA `(.L_x_24) ;
+        /*1eb0*/                   STG.E desc[UR4][R2.64], R24 ;
+        /*1ec0*/                   EXIT ;
+"""
+
+
+def test_sass_counts_sorts_an_nvdisasm_listing_by_opcode():
+    """Every ``/*addr*/ [@pred] OPCODE`` line is an instruction (labels, section names and blank
+    lines are not); a class matches its opcodes by name, not by any prefix: ``IMAD.MOV.U32`` is a
+    move and ``IMAD.SHL`` is not, ``LDGSTS`` and ``LDG`` are both global, ``LDSM`` is no ``LDS``."""
+    c = chk.sass_counts(SASS)
+    assert c == {"instructions": 14, "mma": 1, "ldmatrix": 1, "moves": 2, "global": 3, "shared": 1,
+                 "branches": 1, "nops": 1}
+
+
+def test_sass_needs_ptxas_and_nvdisasm_or_says_so(monkeypatch, capsys):
+    """``--sass DIR`` without nvdisasm (or ptxas) on PATH is a one-line usage error (exit 2) before
+    anything compiles."""
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda n: None if n == "nvdisasm" else (real(n) or f"/bin/{n}"))
+    assert chk.main(["--mma-only", "--only", "mma_pack_x_k", "--sass", "/tmp/never-made"]) == 2
+    assert "--sass needs nvdisasm on PATH" in capsys.readouterr().err
+    monkeypatch.setattr(shutil, "which", lambda n: None)
+    assert chk.main(["--mma-only", "--only", "mma_pack_x_k", "--sass", "/tmp/never-made"]) == 2
+    assert "--sass needs ptxas on PATH" in capsys.readouterr().err
+    assert not os.path.exists("/tmp/never-made")

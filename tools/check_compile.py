@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the CUDA kernels for sm_90 on a machine without a GPU, before spending device time.
 
-    python tools/check_compile.py [--ptxas] [--only NAME[,NAME]] [--json FILE] [--stretches] [--mma-only]
+    python tools/check_compile.py [--ptxas] [--only NAME[,NAME]] [--json FILE] [--stretches] [--mma-only] [--sass DIR]
 
 Numba's simulator runs a kernel's Python, not its compilation, so it misses what only the CUDA
 compiler rejects: a device function that does not type for CUDA, a ``cuda.shared.array`` size
@@ -24,6 +24,10 @@ barriers, its instructions, MMAs and global loads, and each loop's body (a branc
 label inside the stretch; a body's count times its trip count is roughly what a warp issues
 there). ``--mma-only`` compiles the tensor-core kernels alone, without the simulator run
 (seconds): ``python tools/check_compile.py --mma-only --only attention_mma_sk_k --stretches``.
+``--sass DIR`` (implies ``--ptxas``; needs ``nvdisasm`` on PATH, e.g. from the
+``nvidia-cuda-nvdisasm`` wheel's ``bin/``) disassembles each assembled kernel into DIR/NAME.sass
+and counts its SASS (``sass_counts``): what the GPU runs, where the PTX is a step removed (ptxas
+drops the inline-asm ``mov``s, adds register moves the PTX never names).
 
 Prints one line per compiled kernel and exits 1 if any fails. A generated kernel is compiled in
 the configurations the op cases use, not every configuration a model's shapes pick.
@@ -132,8 +136,9 @@ def _no_device_cc():
         dispatcher.get_current_device = before
 
 
-def _ptxas(ptx, max_registers=None):
-    """(registers, spill bytes, error) of ``ptxas -arch=sm_90 -v`` on the PTX."""
+def _ptxas(ptx, max_registers=None, sass=None):
+    """(registers, spill bytes, error) of ``ptxas -arch=sm_90 -v`` on the PTX; with ``sass`` (a
+    path), the cubin's disassembly (``nvdisasm -c``) is written there too."""
     d = tempfile.mkdtemp()
     p = os.path.join(d, "k.ptx")
     with open(p, "w") as f:
@@ -146,7 +151,39 @@ def _ptxas(ptx, max_registers=None):
         return None, None, r.stderr.strip().splitlines()[-1:]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    if sass:
+        r = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", p + ".cubin"], capture_output=True, text=True)
+        if r.returncode:
+            return None, None, ["nvdisasm: " + (r.stderr.strip().splitlines() or ["failed"])[-1]]
+        from harness.atomic import write_text_atomic
+
+        write_text_atomic(sass, r.stdout)
+    shutil.rmtree(d, ignore_errors=True)
     return max(regs or [0]), max(spills or [0]), None
+
+
+# SASS instruction classes sass_counts reports (by opcode, the text before the first '.')
+SASS_CLASSES = {"mma": ("HMMA",), "ldmatrix": ("LDSM",), "moves": ("MOV", "IMAD.MOV", "UMOV"),
+                "global": ("LDG", "STG", "LDGSTS"), "shared": ("LDS", "STS"), "branches": ("BRA",), "nops": ("NOP",)}
+_SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def sass_counts(text: str) -> dict:
+    """Instruction counts of an ``nvdisasm -c`` listing: {"instructions": all, and one count per
+    SASS_CLASSES entry}. An instruction is a line ``/*addr*/ [@pred] OPCODE ...``; a class matches
+    the opcode's name (``IMAD.MOV.U32`` is a move: its prefix ``IMAD.MOV``; ``LDGSTS`` is not
+    ``LDG``)."""
+    out = {"instructions": 0, **{k: 0 for k in SASS_CLASSES}}
+    for line in text.splitlines():
+        m = _SASS_LINE.match(line)
+        if not m:
+            continue
+        op = m.group(1)
+        out["instructions"] += 1
+        for k, names in SASS_CLASSES.items():
+            if any(op == n or op.startswith(n + ".") for n in names):
+                out[k] += 1
+    return out
 
 
 def _instruction(line: str) -> bool:
@@ -189,16 +226,16 @@ def ptx_stretches(ptx: str) -> list[dict]:
     return out
 
 
-def compile_all(recorded, only=None, ptxas=False, stretches=False):
+def compile_all(recorded, only=None, ptxas=False, stretches=False, sass_dir=None):
     """Compile every recorded (kernel, signature) and the tensor-core kernels; returns rows."""
     import numpy as np
 
     np.row_stack = getattr(np, "row_stack", np.vstack)  # numba-cuda 0.30.4 with numpy 2.5
     with _no_device_cc():
-        return _compile_all(recorded, only, ptxas, stretches)
+        return _compile_all(recorded, only, ptxas or bool(sass_dir), stretches, sass_dir)
 
 
-def _compile_all(recorded, only, ptxas, stretches=False):
+def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
     from numba import cuda
 
     from numba_kernels import cuda as kc
@@ -256,10 +293,14 @@ def _compile_all(recorded, only, ptxas, stretches=False):
             if stretches:
                 row["stretches"] = ptx_stretches(ptx)
             if ptxas:
-                regs, spill, err = _ptxas(ptx, opts.get("max_registers"))
+                sass = os.path.join(sass_dir, f"{name}.{len(rows)}.sass") if sass_dir else None
+                regs, spill, err = _ptxas(ptx, opts.get("max_registers"), sass)
                 row.update(registers=regs, spill_bytes=spill)
                 if err:
-                    row.update(ok=False, error="ptxas: " + " ".join(err))
+                    row.update(ok=False, error=err[0] if err[0].startswith("nvdisasm") else "ptxas: " + " ".join(err))
+                elif sass:
+                    with open(sass, encoding="utf-8") as f:
+                        row.update(sass=sass, sass_counts=sass_counts(f.read()))
         except Exception as e:  # noqa: BLE001  (any compiler error is a finding, reported in one line)
             row.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
         row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -268,6 +309,9 @@ def _compile_all(recorded, only, ptxas, stretches=False):
         extra += f", {row['registers']} regs, {row['spill_bytes']} B spilled" if "registers" in row else ""
         print(f"{'ok  ' if row['ok'] else 'FAIL'} {name}({row['signature']}){extra}"
               + ("" if row["ok"] else f"\n     {row['error']}"), flush=True)
+        if "sass_counts" in row:
+            print("     SASS: " + ", ".join(f"{v} {k}" for k, v in row["sass_counts"].items()) + f" ({row['sass']})",
+                  flush=True)
         for k, st in enumerate(row.get("stretches", [])):
             loops = ", ".join(f"PTX lines {a}-{b}: {n}" for a, b, n in st["loops"]) or "none"
             print(f"     stretch {k}: {st['instructions']} instructions, {st['mma']} mma, {st['ld_global']} ld.global;"
@@ -284,18 +328,31 @@ def main(argv=None) -> int:
                     help="also each kernel's PTX per stretch between barriers and per loop body")
     ap.add_argument("--mma-only", action="store_true",
                     help="only the tensor-core kernels of mma_tc (no simulator run: seconds)")
+    ap.add_argument("--sass", default=None, metavar="DIR",
+                    help="also disassemble each kernel (ptxas, then nvdisasm -c) into DIR/NAME.N.sass and count its "
+                         "SASS instructions (implies --ptxas; nvdisasm: the nvidia-cuda-nvdisasm wheel's bin/ on PATH)")
     ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)  # step 1, in the simulator
     a = ap.parse_args(argv)
     if a.record:
         return record()
-    if a.ptxas and not shutil.which("ptxas"):
-        print("check_compile: --ptxas needs ptxas on PATH", file=sys.stderr)
+    if (a.ptxas or a.sass) and not shutil.which("ptxas"):
+        print(f"check_compile: {'--sass' if a.sass else '--ptxas'} needs ptxas on PATH", file=sys.stderr)
         return 2
+    if a.sass and not shutil.which("nvdisasm"):
+        print("check_compile: --sass needs nvdisasm on PATH (pip install nvidia-cuda-nvdisasm, then its "
+              "nvidia/cu13/bin/ on PATH)", file=sys.stderr)
+        return 2
+    if a.sass:
+        try:
+            os.makedirs(a.sass, exist_ok=True)
+        except OSError as e:
+            print(f"check_compile: --sass {a.sass}: {e.strerror}", file=sys.stderr)
+            return 2
     only = {n for n in a.only.split(",") if n}
     rec = {"kernels": [], "not_bitwise": []} if a.mma_only else _recorded()
     if rec is None:
         return 1
-    rows = compile_all(rec["kernels"], only, a.ptxas, a.stretches)
+    rows = compile_all(rec["kernels"], only, a.ptxas, a.stretches, a.sass)
     if not rows:
         print(f"check_compile: no kernel named {sorted(only)}" + (" among the tensor-core ones" if a.mma_only else ""),
               file=sys.stderr)
