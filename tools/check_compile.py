@@ -25,7 +25,7 @@ label inside the stretch; a body's count times its trip count is roughly what a 
 there). ``--mma-only`` compiles the tensor-core kernels alone, without the simulator run
 (seconds): ``python tools/check_compile.py --mma-only --only attention_mma_sk_k --stretches``.
 ``--sass DIR`` (implies ``--ptxas``; needs ``nvdisasm`` on PATH, e.g. from the
-``nvidia-cuda-nvdisasm`` wheel's ``bin/``) disassembles each assembled kernel into DIR/NAME.sass
+``nvidia-cuda-nvdisasm`` wheel's ``bin/``) disassembles each assembled kernel into DIR/NAME.N.sass
 and counts its SASS (``sass_counts``): what the GPU runs, where the PTX is a step removed (ptxas
 drops the inline-asm ``mov``s, adds register moves the PTX never names).
 
@@ -140,29 +140,33 @@ def _ptxas(ptx, max_registers=None, sass=None):
     """(registers, spill bytes, error) of ``ptxas -arch=sm_90 -v`` on the PTX; with ``sass`` (a
     path), the cubin's disassembly (``nvdisasm -c``) is written there too."""
     d = tempfile.mkdtemp()
-    p = os.path.join(d, "k.ptx")
-    with open(p, "w") as f:
-        f.write(ptx)
-    cmd = [shutil.which("ptxas") or "ptxas", "-arch=sm_90", "-v", p, "-o", p + ".cubin"]
-    if max_registers:
-        cmd += ["-maxrregcount", str(max_registers)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        return None, None, r.stderr.strip().splitlines()[-1:]
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)]
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    if sass:
-        r = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", p + ".cubin"], capture_output=True, text=True)
+    try:
+        p = os.path.join(d, "k.ptx")
+        with open(p, "w") as f:
+            f.write(ptx)
+        cmd = [shutil.which("ptxas") or "ptxas", "-arch=sm_90", "-v", p, "-o", p + ".cubin"]
+        if max_registers:
+            cmd += ["-maxrregcount", str(max_registers)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            return None, None, ["nvdisasm: " + (r.stderr.strip().splitlines() or ["failed"])[-1]]
-        from harness.atomic import write_text_atomic
+            return None, None, r.stderr.strip().splitlines()[-1:]
+        regs = [int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)]
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+        if sass:
+            r = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", p + ".cubin"], capture_output=True,
+                               text=True)
+            if r.returncode:
+                return None, None, ["nvdisasm: " + (r.stderr.strip().splitlines() or ["failed"])[-1]]
+            from harness.atomic import write_text_atomic
 
-        write_text_atomic(sass, r.stdout)
-    shutil.rmtree(d, ignore_errors=True)
-    return max(regs or [0]), max(spills or [0]), None
+            write_text_atomic(sass, r.stdout)
+        return max(regs or [0]), max(spills or [0]), None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
-# SASS instruction classes sass_counts reports (by opcode, the text before the first '.')
+# SASS instruction classes sass_counts reports: an opcode is in a class when it is one of the
+# class's names or starts with one and a '.' (IMAD.MOV.U32 is a move, IMAD.SHL is not)
 SASS_CLASSES = {"mma": ("HMMA",), "ldmatrix": ("LDSM",), "moves": ("MOV", "IMAD.MOV", "UMOV"),
                 "global": ("LDG", "STG", "LDGSTS"), "shared": ("LDS", "STS"), "branches": ("BRA",), "nops": ("NOP",)}
 _SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -171,8 +175,8 @@ _SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-
 def sass_counts(text: str) -> dict:
     """Instruction counts of an ``nvdisasm -c`` listing: {"instructions": all, and one count per
     SASS_CLASSES entry}. An instruction is a line ``/*addr*/ [@pred] OPCODE ...``; a class matches
-    the opcode's name (``IMAD.MOV.U32`` is a move: its prefix ``IMAD.MOV``; ``LDGSTS`` is not
-    ``LDG``)."""
+    by name (``IMAD.MOV.U32`` is a move by its prefix ``IMAD.MOV``; ``LDGSTS`` is global as
+    itself, not by the prefix ``LDG``; ``LDSM`` is not ``LDS``)."""
     out = {"instructions": 0, **{k: 0 for k in SASS_CLASSES}}
     for line in text.splitlines():
         m = _SASS_LINE.match(line)
