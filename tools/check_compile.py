@@ -138,7 +138,8 @@ def _no_device_cc():
 
 def _ptxas(ptx, max_registers=None, sass=None):
     """(registers, spill bytes, error) of ``ptxas -arch=sm_90 -v`` on the PTX; with ``sass`` (a
-    path), the cubin's disassembly (``nvdisasm -c``) is written there too."""
+    path), the cubin's disassembly (``nvdisasm -c``) is written there too. ``error``: None, or
+    one line naming the tool that failed."""
     d = tempfile.mkdtemp()
     try:
         p = os.path.join(d, "k.ptx")
@@ -149,14 +150,14 @@ def _ptxas(ptx, max_registers=None, sass=None):
             cmd += ["-maxrregcount", str(max_registers)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            return None, None, r.stderr.strip().splitlines()[-1:]
+            return None, None, "ptxas: " + " ".join(r.stderr.strip().splitlines()[-1:])
         regs = [int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)]
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
         if sass:
             r = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", p + ".cubin"], capture_output=True,
                                text=True)
             if r.returncode:
-                return None, None, ["nvdisasm: " + (r.stderr.strip().splitlines() or ["failed"])[-1]]
+                return None, None, "nvdisasm: " + (r.stderr.strip().splitlines() or ["failed"])[-1]
             from harness.atomic import write_text_atomic
 
             write_text_atomic(sass, r.stdout)
@@ -301,7 +302,7 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
                 regs, spill, err = _ptxas(ptx, opts.get("max_registers"), sass)
                 row.update(registers=regs, spill_bytes=spill)
                 if err:
-                    row.update(ok=False, error=err[0] if err[0].startswith("nvdisasm") else "ptxas: " + " ".join(err))
+                    row.update(ok=False, error=err)
                 elif sass:
                     with open(sass, encoding="utf-8") as f:
                         row.update(sass=sass, sass_counts=sass_counts(f.read()))

@@ -41,8 +41,6 @@ def main(argv=None) -> int:
     rows = args.rows
     if args.ctx < 0 or args.reps < 1 or args.cap < args.ctx + max(rows):
         ap.error("--ctx ≥ 0, --reps ≥ 1 and --cap ≥ ctx + the largest row count")
-    if not hasattr(np, "row_stack"):  # numba-cuda 0.30 with numpy 2.5
-        np.row_stack = np.vstack
     from numba import cuda
 
     from numba_kernels import cpu as kp
