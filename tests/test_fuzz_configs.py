@@ -1,0 +1,51 @@
+"""tools/fuzz_configs.py draws configurations the loader takes and specs the matrix takes (the
+runs themselves -- transformers, the matrix in both modes, the simulator -- are the tool's, a
+session's work, not CI's)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import fuzz_configs as fz  # noqa: E402
+
+
+def test_every_drawn_config_loads_and_spans_the_space():
+    """300 draws: each a config ModelConfig accepts (with an MTP layer); together they reach both
+    families' variations (odd hidden sizes, conv kernels 2-6, MoE with and without
+    renormalisation, tied embeddings, mrope sections, models of one layer type)."""
+    from harness.engine.config import ModelConfig
+
+    seen = {"conv": set(), "norm_topk": set(), "tied": set(), "types": set(), "odd_hidden": False,
+            "q35": False, "one_kind": False}
+    for seed in range(300):
+        d = fz.rand_config(random.Random(seed))
+        cfg = ModelConfig.from_dict(dict(d, num_nextn_predict_layers=1), f"draw {seed}")
+        assert cfg.num_hidden_layers == len(d["layer_types"])
+        seen["conv"].add(d["linear_conv_kernel_dim"])
+        seen["norm_topk"].add(d.get("norm_topk_prob"))
+        seen["tied"].add(d["tie_word_embeddings"])
+        seen["types"].add(d.get("model_type", "qwen3_next"))
+        seen["odd_hidden"] |= d["hidden_size"] % 4 != 0
+        seen["one_kind"] |= len(set(d["layer_types"])) == 1
+    assert seen["conv"] == {2, 3, 4, 5, 6}
+    assert {True, False} <= seen["norm_topk"] and seen["tied"] == {True, False}
+    assert seen["types"] == {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+    assert seen["odd_hidden"] and seen["one_kind"]
+
+
+def test_every_drawn_spec_loads(tmp_path):
+    """100 draws of the random spec: each one the spec loader takes (its points leave 32 rows on
+    each side, its keys are the documented ones) on the embedded tiny model, its cells listed."""
+    from harness.matrix.cells import cell_listing
+    from harness.matrix.specfile import load_spec
+
+    for seed in range(100):
+        p = tmp_path / f"s{seed}.toml"
+        p.write_text(fz.rand_spec(random.Random(seed), "tiny"))
+        listing = cell_listing(load_spec(str(p)))  # every point resolved against every prompt
+        assert "split@" in listing and "/k" in listing, listing[:400]
