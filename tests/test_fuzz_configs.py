@@ -20,8 +20,7 @@ def test_every_drawn_config_loads_and_spans_the_space():
     renormalisation, tied embeddings, mrope sections, models of one layer type)."""
     from harness.engine.config import ModelConfig
 
-    seen = {"conv": set(), "norm_topk": set(), "tied": set(), "types": set(), "odd_hidden": False,
-            "q35": False, "one_kind": False}
+    seen = {"conv": set(), "norm_topk": set(), "tied": set(), "types": set(), "odd_hidden": False, "one_kind": False}
     for seed in range(300):
         d = fz.rand_config(random.Random(seed))
         cfg = ModelConfig.from_dict(dict(d, num_nextn_predict_layers=1), f"draw {seed}")

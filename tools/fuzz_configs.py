@@ -164,6 +164,7 @@ def cpu_case(r, seed, root) -> dict:
 def sim_case(r, seed) -> dict:
     import numpy as np
 
+    import cudasim_run as cr  # the simulator tests' step comparison (and their faster block scheduler)
     from harness.engine.config import ModelConfig
     from harness.engine.model import Engine
     from harness.engine.weights import Checkpoint
@@ -179,23 +180,22 @@ def sim_case(r, seed) -> dict:
     sc, sg = ec.new_session(P + R + 3), eg.new_session(P + R + 3)
     steps = []
 
-    def step(name, f):
-        a, b = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])
-        steps.append([name, bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))),
-                      sc.cache.digest() == sg.cache.digest()])
+    def step(name, rows, f):
+        steps.append(cr.model_step(name, rows, f, ec, sc, eg, sg))
 
-    step(f"prime R{P}", lambda e, s: e.prime_chunk(s, ids[:P]))
-    step(f"verify R{R}", lambda e, s: e.target_step(s, ids[P:P + R], capture=True))
+    step(f"prime R{P}", P, lambda e, s: e.prime_chunk(s, ids[:P]))
+    step(f"verify R{R}", R, lambda e, s: e.target_step(s, ids[P:P + R], capture=True))
     keep = r.randint(1, R)
     ec.rollback(sc, keep)
     eg.rollback(sg, keep)
-    steps.append([f"rollback {keep}", None, sc.cache.digest() == sg.cache.digest()])
+    steps.append(dict(step=f"rollback {keep}", rows=None, kernels=[], logits_bitwise=None,
+                      digest_equal=sc.cache.digest() == sg.cache.digest()))
     for j in range(3):
-        step(f"decode {j}", lambda e, s: e.decode_step(s, int(ids[P + keep + j])))
+        step(f"decode {j}", 1, lambda e, s: e.decode_step(s, int(ids[P + keep + j])))
     h = np.random.default_rng(seed).standard_normal((1, cfg.hidden_size)).astype(np.float32)
-    step("mtp row", lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0, logits_rows=1))
+    step("mtp row", 1, lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0, logits_rows=1))
     rec["steps"] = steps
-    rec["ok"] = all(x[1] in (None, True) and x[2] for x in steps)
+    rec["ok"] = all(x["logits_bitwise"] in (None, True) and x["digest_equal"] for x in steps)
     return rec
 
 
