@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A/B of a captured decode step in one device call: a base tree (another commit's code) and this
+# tree, the same tools/decode_profile.py options, one after the other on the same GPU -- figures
+# from two calls are not comparable (each call may start another machine).
+#   here:   bash tools/ab_decode.sh --pack REV          # writes ab-base.tgz (REV's code, small)
+#   device: bash tools/ab_decode.sh OUTDIR [decode_profile options, e.g. --mode exact-bf16 --rows 1,5]
+# ab-base.tgz is git-ignored: the device call carries it (the run tool's carry: ["ab-base.tgz"]). Writes
+# OUTDIR/{base,this}.{json,log} and prints, per row count, both whole-step times. Exit 0 when this
+# tree's step is faster at every row count and each captured step equals the same step run eagerly
+# (decode_profile.py's captured_equals_eager, where it reports it); 1 when not; 2 on an error.
+set -uo pipefail
+if [ "${1:-}" = --pack ]; then
+  rev=${2:?usage: tools/ab_decode.sh --pack REV}
+  # the code decode_profile.py runs; the trained models (harness/models/stdlib-small) are not needed
+  git archive --format=tar "$rev" numba_kernels harness tools pyproject.toml |
+    tar --delete --wildcards 'harness/models/stdlib-small/*' | gzip > ab-base.tgz || exit 2
+  echo "ab-base.tgz: $(git rev-parse --short "$rev") ($(du -h ab-base.tgz | cut -f1))"
+  exit 0
+fi
+out=${1:?usage: tools/ab_decode.sh OUTDIR [decode_profile options] | --pack REV}
+shift
+[ -f ab-base.tgz ] || { echo "tools/ab_decode.sh: no ab-base.tgz here (make it with --pack REV)" >&2; exit 2; }
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
+mkdir -p "$out" || exit 2
+base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2
+here=$PWD
+for side in base this; do
+  dir=$here; [ $side = base ] && dir=$base
+  (cd "$dir" && timeout "${T:-200}" python tools/decode_profile.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
+  rc=$?
+  echo "$side: decode_profile exit $rc"
+  [ $rc = 0 ] || { tail -n 3 "$out/$side.log"; exit 2; }
+done
+python3 - "$out/base.json" "$out/this.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["steps"] for p in sys.argv[1:3])
+ok = True
+for r in a:
+    eq = b[r].get("captured_equals_eager", True) and a[r].get("captured_equals_eager", True)
+    faster = b[r]["whole_us"] < a[r]["whole_us"]
+    ok = ok and eq and faster
+    print(f"rows {r}: base {a[r]['whole_us']:.1f} us, this {b[r]['whole_us']:.1f} us "
+          f"(device {a[r]['replay_device_us']:.1f} / {b[r]['replay_device_us']:.1f})"
+          f"{'' if eq else '; captured != eager'}")
+sys.exit(0 if ok else 1)
+PY
