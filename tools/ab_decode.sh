@@ -21,7 +21,7 @@ out=${1:?usage: tools/ab_decode.sh OUTDIR [decode_profile options] | --pack REV}
 shift
 [ -f ab-base.tgz ] || { echo "tools/ab_decode.sh: no ab-base.tgz here (make it with --pack REV)" >&2; exit 2; }
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
-mkdir -p "$out" || exit 2
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2  # absolute: the base side runs in another directory
 base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2
 here=$PWD
 for side in base this; do
