@@ -282,7 +282,70 @@ def test_bench_table_tool_reads_a_schema_2_result(tmp_path, capsys):
         json.dump(make_bench_result(), f)
     assert bench_table.main([path]) == 0
     out = capsys.readouterr().out
-    assert "| 4,096 |" in out and "| prime_32768_s |" in out
+    assert "| 4,096 |" in out and "| `prime_32768_s` |" in out and "| stdlib-small | 4 |" in out
+
+
+def _bench_table():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bench_table
+
+    return bench_table
+
+
+def test_bench_table_rewrites_only_the_readme_block_and_checks_it(tmp_path, capsys):
+    bt = _bench_table()
+    path = str(tmp_path / "b.json")
+    with open(path, "w") as f:
+        json.dump(make_bench_result(), f)
+    readme = tmp_path / "README.md"
+    before, after = "# x\n\nprose before\n\n", "\n\nprose after\n"
+    readme.write_text(before + rep.README_BEGIN + "\nstale | 1.000 ×\n" + rep.README_END + after, encoding="utf-8")
+    assert bt.main([path, "--check", str(readme)]) == 1
+    assert bt.main([path, "--readme", str(readme)]) == 0
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith(before + rep.README_BEGIN + "\n") and text.endswith(rep.README_END + after)
+    assert "stale" not in text and rep.readme_block(text) == rep.readme_markdown(make_bench_result(), path)
+    assert bt.main([path, "--check", str(readme)]) == 0
+    assert bt.main([path, "--readme", str(readme)]) == 0 and readme.read_text(encoding="utf-8") == text
+    assert "unchanged" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("readme_text, bench_text", [
+    ("no markers here\n", None),
+    (rep.README_END + "\n" + rep.README_BEGIN + "\n", None),  # out of order
+    (rep.README_BEGIN + "\n" + rep.README_END + "\n" + rep.README_END + "\n", None),  # two ends
+    (rep.README_BEGIN + "\n" + rep.README_END + "\n", "{not json"),
+    (rep.README_BEGIN + "\n" + rep.README_END + "\n", "[1, 2]"),
+])
+def test_bench_table_bad_input_is_one_line_and_exit_2(tmp_path, capsys, readme_text, bench_text):
+    bt = _bench_table()
+    path = tmp_path / "b.json"
+    path.write_text(bench_text if bench_text is not None else json.dumps(make_bench_result()), encoding="utf-8")
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text, encoding="utf-8")
+    assert bt.main([str(path), "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench_table: error: ") and err.count("\n") == 1
+    assert readme.read_text(encoding="utf-8") == readme_text  # untouched
+    assert bt.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_readme_goal_rows_follow_the_goals_block():
+    """Every goal of the JSON gets one row, in the issue order, with its unit; a goal the run
+    could not measure shows n/a and no detail."""
+    r = make_bench_result()
+    md = rep.readme_markdown(r)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| #") or ln.startswith("|  |")]
+    assert len(rows) == len(r["goals"])
+    assert [ln.split("`")[1] for ln in rows] == [n for _, n in rep.GOAL_ORDER if n in r["goals"]] + \
+        [n for n in r["goals"] if n not in {g for _, g in rep.GOAL_ORDER}]
+    for ln in rows:
+        name, measured = ln.split("`")[1], ln.split("|")[3].strip()
+        g = r["goals"][name]
+        if g["value"] == rep.NA:
+            assert measured == "n/a" and ln.rstrip().endswith("| n/a |")
+        else:
+            assert measured.split()[1] in ("×", "s", "GiB", "TFLOP/s"), ln
 
 
 def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch):

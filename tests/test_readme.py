@@ -1,4 +1,5 @@
-"""The README's quickstart and CI stay in step."""
+"""The README's quickstart and CI stay in step, and its performance tables are the committed
+bench JSON's."""
 
 import os
 import re
@@ -22,3 +23,19 @@ def test_quickstart_is_two_commands_main_job_and_tests():
 def test_ci_runs_the_readme_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
     assert _quickstart()[1] in ci
+
+
+def test_performance_tables_are_the_committed_bench_json():
+    """The block between the markers is exactly what ``tools/bench_table.py --readme`` writes
+    from ``receipts/bench/h200-bench.json``: a new bench without its tables, or a hand edit of a
+    number, fails here (the fix: ``python tools/bench_table.py --readme README.md``)."""
+    import json
+    import sys
+
+    sys.path.insert(0, ROOT)
+    from harness.gpu.bench_report import readme_block, readme_markdown
+
+    with open(os.path.join(ROOT, "receipts", "bench", "h200-bench.json"), encoding="utf-8") as f:
+        r = json.load(f)
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert readme_block(text) == readme_markdown(r, "receipts/bench/h200-bench.json")

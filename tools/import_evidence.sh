@@ -5,8 +5,10 @@
 #   bash tools/import_evidence.sh EVIDENCE_RESULTS_DIR [BENCH_RESULTS_DIR]
 # The CPU receipts recorded in the same run (the own-checkpoint golden, the exact-bf16 tiny CPU
 # matrix) replace the committed ones only when their digests equal them (harness diff); then the
-# plots of the default and stdlib receipts are drawn here. Update receipts/device/PROVENANCE.md
-# and the README's GPU-evidence and performance sections by hand, then run `harness evidence`.
+# plots of the default and stdlib receipts are drawn here. With a bench, the README's performance
+# tables are rewritten from its JSON (tools/bench_table.py --readme README.md). Update
+# receipts/device/PROVENANCE.md, the README's GPU-evidence section and the performance prose by
+# hand, read `git diff README.md`, then run `harness evidence`.
 set -euo pipefail
 ev=${1:?usage: tools/import_evidence.sh EVIDENCE_RESULTS_DIR [BENCH_RESULTS_DIR]}
 bench=${2:-}
@@ -45,5 +47,8 @@ if [ -n "$bench" ]; then
   cp "$bench/h200-bench.json" receipts/bench/
   cp "$bench/bench.log" receipts/bench/h200-bench.log
   [ -f "$bench/h200-bench.prime_curve.png" ] && cp "$bench/h200-bench.prime_curve.png" receipts/bench/
+  py=.venv/bin/python
+  [ -x "$py" ] || py=python3
+  $py tools/bench_table.py receipts/bench/h200-bench.json --readme README.md
 fi
 git status --short receipts

@@ -307,3 +307,174 @@ def curve_markdown(r: dict) -> str:
         rows.append(f"| {e['tokens']:,} | {_v(e.get('primewalk_s'))} | {_v(e.get('hf_fp32_s'))} | "
                     f"{_v(e.get('hf_bf16_s'))} | {'' if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
     return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# the README's block: every number of the Performance section's tables, from one bench JSON
+# ------------------------------------------------------------------------------------------------
+README_BEGIN = "<!-- bench-tables: begin (python tools/bench_table.py --readme README.md writes this block) -->"
+README_END = "<!-- bench-tables: end -->"
+
+#: the goals in the README's order: (issue, goal name)
+GOAL_ORDER = (
+    ("#15", "prime_4096_vs_hf_fp32"), ("#15", "prime_16384_vs_hf_fp32"), ("#15", "prime_32768_s"),
+    ("#15", "prime_131072_s"), ("#15", "prime_131072_peak_over_weights_bytes"),
+    ("#15", "attention_tflops_32768"), ("#15", "gemm_tflops"),
+    ("#16", "decode_512_over_floor"), ("#16", "decode_32k_over_floor"), ("#16", "verify_step_over_decode"),
+    ("#16", "draft_step_k3_over_decode"), ("#16", "bf16_decode_512_over_bf16_floor"),
+    ("#19", "mma_prime_4096_vs_hf_bf16"), ("#19", "mma_prime_32768_s"), ("#19", "mma_decode_512_over_bf16_floor"),
+)
+
+
+def _ms(v) -> str:
+    return "-" if _num(v) is None else f"{v:.3f} ms"
+
+
+def _rate(v) -> str:
+    return "-" if _num(v) is None else f"{v:,.0f}"
+
+
+def _secs(v) -> str:
+    if _num(v) is None:
+        return {OOM: "out of memory"}.get(v, "-" if v is None else str(v))
+    return f"{v:.3f}"
+
+
+def _spec_rows(spec: dict):
+    return [(int(k[1:]), v) for k, v in sorted(spec.items(), key=lambda kv: int(kv[0][1:]))
+            if isinstance(v, dict) and k[1:].isdigit()]
+
+
+def _goal_detail(name: str, r: dict) -> str:
+    """What the README shows beside a goal's value: its unit and the measure behind it."""
+    m = r.get("primewalk", {}) or {}
+    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
+    spec = dict(_spec_rows(m.get("spec") or {}))
+    if name == "decode_512_over_floor":
+        return f" ({_ms(m.get('decode_512_ms_per_token'))}/token)"
+    if name == "decode_32k_over_floor":
+        return f" ({_ms(m.get('decode_32k_ms_per_token'))}/token)"
+    if name == "verify_step_over_decode":
+        v = {k: _num(s.get("verify_step_ms")) for k, s in spec.items() if k + 1 <= 5}
+        v = {k: x for k, x in v.items() if x is not None}
+        if not v:
+            return ""
+        worst = max(v, key=v.get)
+        return (f" (worst K = {worst}; verify steps {min(v.values()):.3f}-{max(v.values()):.3f} ms for "
+                f"{min(v) + 1}-{max(v) + 1} rows)")
+    if name == "draft_step_k3_over_decode":
+        return f" ({_ms((spec.get(3) or {}).get('draft_step_ms'))})"
+    if name == "bf16_decode_512_over_bf16_floor":
+        return f" ({_ms(((m.get('bf16') or {}) if isinstance(m.get('bf16'), dict) else {}).get('decode_512_ms_per_token'))}/token)"
+    if name == "mma_decode_512_over_bf16_floor":
+        return f" ({_ms(mm.get('decode_512_ms_per_token'))}/token)"
+    if name == "mma_prime_4096_vs_hf_bf16":
+        t = _num(mm.get("prime_4096_tokens_per_s"))
+        return "" if t is None else f" ({t / 1e3:.1f} k tokens/s, {mm.get('prime_4096_s', 0):.3f} s)"
+    if name == "mma_prime_32768_s":
+        cold = _num(mm.get("prime_32768_cold_s"))
+        return "" if cold is None else f" warm ({cold:.3f} s cold)"
+    return ""
+
+
+def _goal_value(name: str, v) -> str:
+    if _num(v) is None:
+        return str(v)
+    if name.endswith("_bytes"):
+        return f"{v / 2 ** 30:.2f} GiB"
+    if "tflops" in name:
+        return f"{v:.1f} TFLOP/s"
+    if name.endswith("_s"):
+        return f"{v:.3f} s"
+    return f"{v:.3f} ×"
+
+
+def readme_markdown(r: dict, path: str = "receipts/bench/h200-bench.json") -> str:
+    """The README's Performance tables from bench result ``r`` (read from ``path``): the run and
+    its anchors, the prime length curve, decode, speculative decoding and the goals -- every
+    number read from ``r``, so the README cannot drift from the committed JSON
+    (``tests/test_readme.py``)."""
+    m = r.get("primewalk", {}) or {}
+    hf = r.get("hf", {}) or {}
+    sg = [_num(s.get("tflops")) for s in (r.get("sgemm") or {}).values() if isinstance(s, dict)]
+    sg = [x for x in sg if x is not None]
+    bw = _num(r.get("copy_bandwidth_bytes_per_s"))
+    floor, floor16 = _num(r.get("decode_floor_ms")), _num(r.get("decode_floor_bf16_ms"))
+    out = [
+        f"Measured at commit `{str(r.get('commit'))[:7]}` ({str(r.get('created'))[:10]}; {r.get('device')}, "
+        f"CUDA {r.get('driver')}; torch {r.get('torch')}, transformers {r.get('transformers')}), every number "
+        f"in these tables from `{path}`. Anchors in the same run: cuBLAS SGEMM "
+        f"{max(sg):.1f} TFLOP/s (TF32 off), device copy {bw / 1e12:.2f} TB/s; so the decode floor, every "
+        f"decode weight read once at that rate, is {floor:.3f} ms/token with float32 weights and "
+        f"{floor16:.3f} ms with bf16 ones." if sg and bw and floor and floor16 else
+        f"Measured at commit `{str(r.get('commit'))[:7]}`, every number in these tables from `{path}`.",
+        "",
+        "Prime time (seconds) against prompt length, with primewalk's peak device memory:",
+        "",
+        "| prompt tokens | primewalk s | transformers fp32 s | transformers bf16 s | primewalk peak |",
+        "|---|---|---|---|---|",
+    ]
+    for e in r.get("prime_curve", []):
+        peak = _num(e.get("peak_bytes"))
+        out.append(f"| {e['tokens']:,} | {_secs(e.get('primewalk_s'))} | {_secs(e.get('hf_fp32_s'))} | "
+                   f"{_secs(e.get('hf_bf16_s'))} | {'-' if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
+    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
+    bf = m.get("bf16") if isinstance(m.get("bf16"), dict) else {}
+
+    def over(v, f):
+        return "" if _num(v) is None or not f else f"{v / f:.3f} ×"
+
+    out += ["", "Decode, one token a step (ms/token; the floor as above):", "",
+            "| what | ms/token | over its floor |", "|---|---|---|",
+            f"| primewalk exact, 512 context | {_ms(m.get('decode_512_ms_per_token'))} | "
+            f"{over(m.get('decode_512_ms_per_token'), floor)} |",
+            f"| primewalk exact, 32,768 context | {_ms(m.get('decode_32k_ms_per_token'))} | "
+            f"{over(m.get('decode_32k_ms_per_token'), floor)} |",
+            f"| primewalk exact, bf16-resident weights, 512 | {_ms(bf.get('decode_512_ms_per_token'))} | "
+            f"{over(bf.get('decode_512_ms_per_token'), floor16)} (bf16) |",
+            f"| primewalk exact-bf16, 512 | {_ms(mm.get('decode_512_ms_per_token'))} | "
+            f"{over(mm.get('decode_512_ms_per_token'), _num(mm.get('bf16_decode_floor_ms')) or floor16)} (bf16) |",
+            f"| primewalk exact, 512, without CUDA graphs | {_ms(m.get('decode_512_uncaptured_ms_per_token'))} | |",
+            f"| transformers fp32, 512 | {_ms((hf.get('fp32') or {}).get('decode_ms_per_token'))} | |",
+            f"| transformers bf16, 512 | {_ms((hf.get('bf16') or {}).get('decode_ms_per_token'))} | |"]
+    runs = [("bench-8l", m.get("spec") or {}), ("stdlib-small", (r.get("stdlib_small") or {}).get("spec") or {})]
+    if any(_spec_rows(s) for _, s in runs):
+        out += ["", "Speculative decoding (greedy; each timed on the second run of a reset session; a draft "
+                "step is K chained MTP rows, a verify step K + 1 rows):", "",
+                "| model | K | plain tokens/s | speculative tokens/s | mean acceptance length | draft step | verify step |",
+                "|---|---|---|---|---|---|---|"]
+        for model, spec in runs:
+            for k, s in _spec_rows(spec):
+                acc = _num(s.get("mean_acceptance_length"))
+                out.append(f"| {model} | {k} | {_rate(s.get('plain_tokens_per_s'))} | "
+                           f"{_rate(s.get('spec_tokens_per_s'))} | {'-' if acc is None else f'{acc:.2f}'} | "
+                           f"{_ms(s.get('draft_step_ms'))} | {_ms(s.get('verify_step_ms'))} |")
+    goals = r.get("goals") or {}
+    out += ["", "The goals (the JSON's `goals` block):", "",
+            "| issue | goal | measured | target | met |", "|---|---|---|---|---|"]
+    order = list(GOAL_ORDER) + [("", n) for n in goals if n not in {g for _, g in GOAL_ORDER}]
+    for issue, name in order:
+        g = goals.get(name)
+        if not isinstance(g, dict):
+            continue
+        met = {True: "yes", False: "**no**"}.get(g.get("met"), str(g.get("met")))
+        detail = _goal_detail(name, r) if _num(g.get("value")) is not None else ""
+        out.append(f"| {issue} | `{name}` | {_goal_value(name, g.get('value'))}{detail} | {g.get('goal')} | {met} |")
+    return "\n".join(out)
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    """``text`` with the part between README_BEGIN and README_END replaced by ``block``; raises
+    ValueError when the markers are missing or out of order."""
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < 0 or b < a or text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+        raise ValueError(f"no single block between '{README_BEGIN}' and '{README_END}'")
+    return text[:a + len(README_BEGIN)] + "\n" + block + "\n" + text[b:]
+
+
+def readme_block(text: str) -> str:
+    """The part of ``text`` between README_BEGIN and README_END (stripped of the newlines next to
+    the markers); raises ValueError as :func:`replace_readme_block`."""
+    replace_readme_block(text, "")  # the markers' check
+    a, b = text.find(README_BEGIN) + len(README_BEGIN), text.find(README_END)
+    return text[a:b].strip("\n")
