@@ -261,3 +261,57 @@ def test_decode_figure_title_says_speed_up_or_slow_down():
     assert "speculation is slower here (×0.74–0.87 of plain)" in decode_verdict([0.74, 0.87, 0.8])
     assert "a speed-up of ×1.20–1.50" in decode_verdict([1.2, 1.5])
     assert "× < 1: slower than plain, > 1: faster" in decode_verdict([0.9, 1.1])
+
+
+# ------------------------------------------------------------------------------------------------
+# the embedded models by name
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny", "tiny-q35", "stdlib-small"])
+def test_model_takes_an_embedded_models_name(tmp_path, capsys, monkeypatch, name):
+    """``--model NAME`` is the embedded model of that name, whatever the working directory: the
+    logits equal those of the model's folder given as a path."""
+    from harness.models import model_path
+
+    monkeypatch.delenv("PRIMEWALK_BACKEND", raising=False)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "logits", "--model", name, "--ids", "1,2,3", "--out", tmp_path / "n.npy")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "logits", "--model", model_path(name), "--ids", "1,2,3", "--out", tmp_path / "p.npy")
+    assert rc == 0, err
+    assert np.load(tmp_path / "n.npy").tobytes() == np.load(tmp_path / "p.npy").tobytes()
+
+
+def test_a_folder_named_like_an_embedded_model_is_given_as_a_path(tmp_path, capsys, monkeypatch):
+    """A bare name is the embedded model even beside a folder of that name; ``./name`` is the folder."""
+    from harness.models import model_path
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(model_path("stdlib-small"), tmp_path / "tiny")  # a folder called tiny holding stdlib-small
+    outs = {}
+    for arg in ("tiny", "./tiny"):
+        rc, out, err = run(capsys, "logits", "--model", arg, "--ids", "1,2,3", "--out", tmp_path / "x.npy")
+        assert rc == 0, err
+        outs[arg] = np.load(tmp_path / "x.npy")
+    ref = {}
+    for name in ("tiny", "stdlib-small"):
+        run(capsys, "logits", "--model", model_path(name), "--ids", "1,2,3", "--out", tmp_path / "r.npy")
+        ref[name] = np.load(tmp_path / "r.npy")
+    assert outs["tiny"].tobytes() == ref["tiny"].tobytes()
+    assert outs["./tiny"].tobytes() == ref["stdlib-small"].tobytes()
+    rc, out, err = run(capsys, "logits", "--model", "stdlib-smal", "--ids", "1", "--out", tmp_path / "y.npy")
+    assert rc == 2 and err.count("\n") == 1 and "stdlib-smal" in err  # a typo stays a clear error
+
+
+def test_a_spec_names_an_embedded_model(tmp_path):
+    """A spec's model may be an embedded model's name; ``./name`` is a folder beside the spec."""
+    from harness.errors import PrimewalkError
+    from harness.models import model_path
+
+    def spec(models):
+        return parse_spec({"models": models, "prompts": [{"kind": "synthetic", "lengths": [8], "seed": 0}],
+                           "variants": ["unyielded"], "k": [1]}, where="t.toml", base_dir=str(tmp_path))
+
+    got = spec({"q": "tiny-q35", "s": "stdlib-small", "t": "tiny"}).model_dirs
+    assert got == {"q": model_path("tiny-q35"), "s": model_path("stdlib-small"), "t": model_path("tiny")}
+    with pytest.raises(PrimewalkError, match=r"models\.p: \./tiny-q35: not a checkpoint folder"):
+        spec({"p": "./tiny-q35"})

@@ -30,7 +30,7 @@ EPILOG = """examples:
   harness run-matrix --backend cuda --out receipts/device/h200-default.json
   harness diff receipts/golden/default.json out/default.json
   harness check --prompt-len 257 --k 3
-  harness generate --text "def main(" --max-new-tokens 64 --k 3
+  harness generate --model stdlib-small --text "def main(" --max-new-tokens 64 --k 3
   harness logits --ids 1,2,3 --backend reference --out logits.npy
   harness device-check --out receipts/device/h200-device-check.json
   harness fairness --spec harness/specs/fairness/tiny.toml

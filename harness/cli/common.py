@@ -23,7 +23,8 @@ def stdout_gone() -> None:
 
 def model_arg(p):
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="checkpoint folder (config.json + safetensors); default: embedded tiny model")
+                   help="checkpoint folder (config.json + safetensors), or an embedded model: tiny (the "
+                        "default: random weights), tiny-q35, stdlib-small (trained on Python sources)")
 
 
 def backend_arg(p, choices=("cpu", "cuda")):
@@ -62,13 +63,14 @@ def backend_label(B) -> str:
 
 
 def load_model(path):
-    """The checkpoint at ``path``, or the embedded tiny model."""
+    """The checkpoint at ``path`` (a folder, or an embedded model's name: ``harness.models``), or
+    the embedded tiny model."""
     import sys
 
     from ..engine.weights import load_checkpoint
-    from ..models import default_model_path
+    from ..models import default_model_path, resolve
 
-    ck = load_checkpoint(path or default_model_path())
+    ck = load_checkpoint(resolve(path) if path else default_model_path())
     for note in ck.notes:
         print(f"note: {note}", file=sys.stderr)
     return ck

@@ -107,7 +107,8 @@ def register(subparsers) -> None:
     p.add_argument("--spec", metavar="FILE", required=True, help="fairness spec (TOML)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
-    p.add_argument("--model", metavar="DIR", default=None, help="checkpoint folder instead of the spec's model")
+    p.add_argument("--model", metavar="DIR", default=None, help="checkpoint folder (or embedded model: tiny, tiny-q35, "
+                   "stdlib-small) instead of the spec's model")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/fairness/<spec stem>.json; a .csv and figures go beside it)")
     p.add_argument("--update-golden", action="store_true",

@@ -188,7 +188,8 @@ def _register_run_matrix(subparsers) -> None:
                    help="matrix spec (TOML); default: the built-in harness/specs/default.toml "
                         "(stdlib-small); harness/specs/tiny.toml is the quick one")
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="run every cell on this checkpoint folder instead of the spec's models")
+                   help="run every cell on this checkpoint folder (or embedded model: tiny, tiny-q35, "
+                        "stdlib-small) instead of the spec's models")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
     weights_arg(p)

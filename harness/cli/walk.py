@@ -100,7 +100,7 @@ def register(sub) -> None:
                                    "The continuation goes to stdout, decoded by the model's tokenizer (ids "
                                    "when it has none); throughput and acceptance go to stderr. Kernels are "
                                    "compiled by a warm-up before the clock starts.",
-                       epilog="examples:\n  harness generate --text 'def main(' --max-new-tokens 64 --k 3\n"
+                       epilog="examples:\n  harness generate --model stdlib-small --text 'def main(' --max-new-tokens 64 --k 3\n"
                               "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arg(p)

@@ -8,7 +8,7 @@ Spec (TOML; keys other than these are errors)::
 
     description = "..."
     backend = "cpu"             # cpu | cuda (--backend overrides)
-    model = "tiny"              # "tiny" (embedded) or a checkpoint folder, relative to the spec (--model overrides)
+    model = "tiny"              # an embedded model (tiny, tiny-q35, stdlib-small) or a checkpoint folder, relative to the spec (--model overrides)
     chunk_rows = 64             # rows per prime chunk of every session's walker
     fill_chunk = 64             # rows per MTP draft-fill chunk; a prompt of <= fill_chunk rows primes in one unit
     arrival_unit = "s"          # "s": arrivals in seconds; "long_prime": in units of the long
@@ -114,7 +114,7 @@ class Goal:
 class FairnessSpec:
     source: str  # the path as given (repository-relative for a built-in spec)
     where: str  # the file name in messages
-    model: str  # as written ("tiny" = embedded)
+    model: str  # as written (an embedded model's name, harness.models, or a folder)
     model_dir: str
     backend: str
     chunk_rows: int
@@ -246,7 +246,7 @@ def _cycled(p, key, v, parse):
 # ------------------------------------------------------------------------------------------------
 def load_spec(path: str, backend: str | None = None, model: str | None = None) -> FairnessSpec:
     """Read and validate the fairness spec at ``path``; ``backend`` / ``model`` (a checkpoint
-    folder, or "tiny") override the spec's."""
+    folder, or an embedded model's name) override the spec's."""
     path = os.fspath(path)
     stem = _builtin_stem(path)
     where = os.path.relpath(os.path.realpath(path), REPO) if stem else path
@@ -316,7 +316,7 @@ def _model(p, data, base_dir, override):
         return override, folder
     m = data.get("model", EMBEDDED)
     if not isinstance(m, str) or not m:
-        p.expect("model", 'a checkpoint folder (or "tiny" for the embedded model)', m)
+        p.expect("model", 'a checkpoint folder (or an embedded model: tiny, tiny-q35, stdlib-small)', m)
         return None, None
     folder = _resolve_model(base_dir, m)
     if not os.path.isfile(os.path.join(folder, "config.json")):

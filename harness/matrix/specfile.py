@@ -19,7 +19,7 @@ Spec (TOML; keys other than these are errors)::
                 {name = "split+checkpoint", split = 0.5, checkpoint = 0.5}, "short",
                 "yielded-with-peer", {name = "yielded-with-peer", split = 0.5, checkpoint = 0.5}]
     [models]
-    tiny = "tiny"              # "tiny": the embedded model; else a folder (relative to the spec)
+    tiny = "tiny"              # "tiny", "tiny-q35", "stdlib-small": embedded; else a folder (relative to the spec)
     [[prompts]]
     kind = "synthetic"         # seeded ids, named p<length>
     lengths = [40, 130, 257]
@@ -180,7 +180,7 @@ class Case:
 class MatrixSpec:
     source: str  # "default" for the built-in spec, else the file path as given
     where: str  # the file name used in messages
-    models: dict  # name -> path as written ("tiny" = embedded)
+    models: dict  # name -> path as written (an embedded model's name, harness.models, or a folder)
     model_dirs: dict  # name -> resolved folder
     prompts: list  # PromptSpec
     cases: list  # Case
@@ -459,7 +459,7 @@ def _models(w, data, base_dir, model):
         if not _valid_name(name):
             w.fail(key, "a model name may use letters, digits, '-', '_' and '.' only")
         if not isinstance(path, str) or not path:
-            w.expect(key, 'a checkpoint folder (or "tiny" for the embedded model)', path)
+            w.expect(key, 'a checkpoint folder (or an embedded model: tiny, tiny-q35, stdlib-small)', path)
         models[name] = path
         dirs[name] = _resolve_model(base_dir, path)
     if model is not None:
@@ -476,11 +476,11 @@ def _models(w, data, base_dir, model):
 
 
 def _resolve_model(base_dir: str, path: str) -> str:
-    if path == EMBEDDED:
-        from ..models import default_model_path
+    """The folder of a spec's model ``path``: an embedded model's name (``harness.models``), or a
+    folder relative to ``base_dir``."""
+    from ..models import resolve
 
-        return default_model_path()
-    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+    return resolve(path, base_dir)
 
 
 def _prompts(w, data, base_dir, labels):
