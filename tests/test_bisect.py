@@ -160,6 +160,41 @@ def test_op_lists_are_what_the_engine_runs(config):
     assert want <= ops and (("shared_gu" in ops) == (config == "shared"))
 
 
+@pytest.mark.parametrize("label, compact", [("split@64", "split:64"), ("batched@c32", "batched:32"),
+                                            ("checkpoint@0.5", "checkpoint:0.5"),
+                                            ("split+checkpoint@64,128", "split+checkpoint:64,128"),
+                                            ("yielded-with-peer@64,64", "yield:64,64"),
+                                            ("yielded-with-peer", "yield")])
+def test_a_cell_ids_schedule_label_reads_as_its_compact_form(label, compact):
+    """The schedule part of a cell id (what a receipt and ``run-matrix --list`` print) names the
+    same schedule as the compact form, so it can be pasted into --a / --b."""
+    assert bs.parse_schedule(label, 256) == bs.parse_schedule(compact, 256)
+
+
+def test_every_label_of_a_matrix_reads_back():
+    """Every schedule label of the tiny matrix's cells, read back by ``parse_schedule``, gives that
+    cell's schedule again: the same variant, arguments and resolved split / checkpoint rows on a
+    prompt of the cell's length."""
+    from harness.matrix.builtin import SPECS_DIR
+    from harness.matrix.cells import expand
+    from harness.matrix.specfile import parse_spec
+
+    spec = load_spec(os.path.join(SPECS_DIR, "tiny.toml"))
+    seen = set()
+    for c in expand(spec)[0]:
+        label = c.id.split("/")[2]
+        if (c.prompt_len, label) in seen or c.variant == "unyielded":
+            continue
+        seen.add((c.prompt_len, label))
+        back = expand(parse_spec({"models": {"m": "tiny"}, "k": [c.k], "chunk_rows": spec.chunk_rows,
+                                  "fill_chunk": spec.fill_chunk,
+                                  "prompts": [{"kind": "synthetic", "lengths": [c.prompt_len], "seed": 0}],
+                                  "variants": ["unyielded", bs.parse_schedule(label, spec.chunk_rows)]}))[0][-1]
+        assert (back.variant, back.variant_args, back.split, back.checkpoint, back.chunk_rows) == \
+            (c.variant, c.variant_args, c.split, c.checkpoint, c.chunk_rows), label
+    assert len(seen) >= 10
+
+
 @pytest.mark.parametrize("schedule", ["unyielded", "tokenwise", "batched:16", "split:64",
                                       "split+checkpoint:40,80", "yield:64", "short"])
 def test_tracing_changes_no_digest(schedule):

@@ -43,7 +43,7 @@ SCHEMA_VERSION = 1
 INDEPENDENT = "independent unyielded prime"
 
 SCHEDULE_FORMS = ("unyielded", "tokenwise", "batched[:C]", "split:P", "checkpoint:P", "split+checkpoint:S,C",
-                  "short", "yield[:S[,C]]")
+                  "short", "yield[:S[,C]]", "or a cell id's label (split@64, batched@c32)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,8 +127,16 @@ def parse_schedule(text: str, chunk_rows: int) -> object:
     ``split:P``, ``checkpoint:P``, ``split+checkpoint:S,C``, ``short``, ``yield[:S[,C]]`` (or
     ``yielded-with-peer[:S[,C]]``: yielded to a peer session after every chunk, optionally split
     at S and checkpointed at C). A point is a row (integer) or a fraction of the prompt (0 < x < 1,
-    rounded down to the GDN grid of 64), as in a spec."""
-    name, _, args = str(text).strip().partition(":")
+    rounded down to the GDN grid of 64), as in a spec. A cell id's label of the schedule reads the
+    same (``split@64``, ``batched@c32``, ``yielded-with-peer@64,64``: ``@`` for ``:``, a chunk
+    size's ``c``), so a schedule can be copied from a receipt."""
+    text = str(text).strip()
+    if "@" in text and ":" not in text:  # a cell label: name@args
+        name, _, args = text.partition("@")
+        if name == "batched" and args.startswith("c"):
+            args = args[1:]
+    else:
+        name, _, args = text.partition(":")
     vals = []
     for a in filter(None, args.split(",")):
         try:
