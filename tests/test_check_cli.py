@@ -192,3 +192,67 @@ def test_generate_usage_errors(capsys, argv, match):
     rc, out, err = run(capsys, "generate", *argv)
     assert_one_line_error(rc, out, err, "generate", match)
     assert out == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# the status line of a long check
+# ------------------------------------------------------------------------------------------------
+class _Tty:
+    """A stderr stand-in that says it is a terminal and keeps what was written."""
+
+    def __init__(self, tty=True):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_check_on_a_terminal_shows_its_phases_and_leaves_the_result_alone(capsys, monkeypatch):
+    """On a terminal ``check`` shows the oracle phase and the walker's chunks (d/n, the last
+    one at d = n) on one status line of stderr, erased before the PASS line; the PASS line and
+    its digests are those of the run without a terminal."""
+    from harness.cli import progress
+
+    plain = pass_line(run(capsys, "check", "--prompt-len", "1000")[1])
+    tty = _Tty()
+    real = progress.StatusLine.__init__
+
+    def on_tty(self, prefix, stream=None, every=0.25):
+        real(self, prefix, tty, every=0.0)  # every chunk shown
+
+    monkeypatch.setattr(progress.StatusLine, "__init__", on_tty)
+    rc, out, err = run(capsys, "check", "--prompt-len", "1000")
+    assert rc == 0 and pass_line(out) == plain
+    lines = tty.text.split("\r\033[K")
+    assert lines[0] == "" and lines[-1] == ""  # each line erased the one before; the last erased
+    shown = [ln for ln in lines if ln]
+    assert shown[0].startswith("[check] unyielded oracle prime of 1,000 rows (0:")
+    chunks = [ln.split()[3] for ln in shown[1:]]
+    n = int(plain["chunks"])
+    assert chunks == [f"{d}/{n}" for d in range(1, n + 1)]
+    assert "left)" in shown[2] and all("elapsed" in ln for ln in shown)
+
+
+def test_status_line_is_silent_off_a_terminal_and_throttles_counts():
+    from harness.cli.progress import StatusLine
+
+    off = _Tty(tty=False)
+    s = StatusLine("x", off)
+    s("phase")
+    s("step", 1, 2)
+    s.close()
+    assert off.text == ""
+    on = _Tty()
+    s = StatusLine("x", on, every=3600.0)
+    s("phase one")
+    s("step", 1, 10)  # a count right after a line: held back
+    s("phase two")  # a phase always shows
+    s.close()
+    assert [ln for ln in on.text.split("\r\033[K") if ln] == ["[x] phase one (0:00 elapsed)",
+                                                              "[x] phase two (0:00 elapsed)"]

@@ -103,3 +103,45 @@ class Progress(SilentProgress):
     def close(self) -> None:
         if not self.quiet:
             self._clear()
+
+
+class StatusLine:
+    """A one-shot command's progress on a terminal: one status line on stderr, rewritten at most
+    every ``every`` seconds, ``[check] walker chunk 12/177 (0:08 elapsed, ~1:50 left)``; the
+    time left is estimated from the counted steps (``done`` of ``total``) since the first one.
+    Nothing at all when stderr is not a terminal (logs and pipes stay clean); :meth:`close`
+    erases the line before the command prints its result."""
+
+    def __init__(self, prefix: str, stream=None, every: float = 0.25):
+        self.prefix, self.err, self.every = prefix, stream or sys.stderr, every
+        self.tty = self.err.isatty()
+        self.t0 = time.perf_counter()
+        self.last = -every
+        self.count0 = None  # (time, done) of the first counted step
+        self.shown = False
+
+    def __call__(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        """Show ``text``: a phase's line (no count) at once, a counted step's at most every
+        ``every`` seconds."""
+        if not self.tty:
+            return
+        now = time.perf_counter()
+        if done is not None and self.count0 is None:
+            self.count0 = (now, done)
+        if done is not None and now - self.last < self.every:
+            return
+        timing = f"{clock(now - self.t0)} elapsed"
+        if done is not None and total:
+            t1, d1 = self.count0
+            if d1 < done < total:
+                timing += f", ~{clock((now - t1) / (done - d1) * (total - done))} left"
+        self.last = now
+        self.err.write(f"\r\033[K[{self.prefix}] {text} ({timing})")
+        self.err.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.err.write("\r\033[K")
+            self.err.flush()
+            self.shown = False

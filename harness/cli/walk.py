@@ -15,6 +15,7 @@ from ..walk.sampling import Sampling
 from ..walk.speculative import generate
 from ..walk.warmup import warm_up
 from .common import backend_arg, backend_label, load_model, mode_arg, model_arg, model_tokenizer, prompt_args, prompt_ids
+from .progress import StatusLine
 
 
 def _engine(args, need_mtp: bool = True):
@@ -32,8 +33,12 @@ def cmd_check(args) -> int:
         raise PrimewalkError(f"--k must be at least 1, got {args.k}")
     eng = _engine(args)
     prompt = np.random.default_rng(args.seed).integers(0, eng.cfg.vocab_size, args.prompt_len).tolist()
-    r = check_mtp_prime_walker(eng, prompt, args.k, boundary=args.split, chunk_rows=args.chunk_rows,
-                               fill_chunk=args.fill_chunk)
+    status = StatusLine("check")  # on a terminal: what runs, and the walker's chunks with the time left
+    try:
+        r = check_mtp_prime_walker(eng, prompt, args.k, boundary=args.split, chunk_rows=args.chunk_rows,
+                                   fill_chunk=args.fill_chunk, progress=status)
+    finally:
+        status.close()
     if r["ok"]:
         print(f"PASS rows={r['rows']} boundary={r['boundary']} k={r['k']} yields={r['yields']} "
               f"chunks={len(r['tape'])} backend={eng.B.name} target_logits={r['logits_digest']} "

@@ -55,13 +55,14 @@ def oracle_prime(engine, prompt, k, boundary_points=(), sampling=None, trace=Non
 
 
 def check_mtp_prime_walker(engine, prompt, k, boundary=None, chunk_rows=DEFAULT_CHUNK_ROWS,
-                           fill_chunk=DEFAULT_FILL_CHUNK, sampling=None):
+                           fill_chunk=DEFAULT_FILL_CHUNK, sampling=None, progress=None):
     """The seed's check: a yielded walker prime (split and checkpoint at the boundary, a peer
     session decoding between chunks) must equal the unyielded prime of the two segments —
     logits bit for bit, capture digests equal — and must have yielded.
 
     Returns a dict with ``ok``, ``yields``, digests and what differed. Raises InputError for a
-    boundary that leaves a segment shorter than PRIME_MIN_T."""
+    boundary that leaves a segment shorter than PRIME_MIN_T. ``progress(text)``, if given, is
+    told what runs: the oracle prime, then each walker chunk (``walker chunk d/n``)."""
     prompt = [int(t) for t in prompt]
     tp = len(prompt)
     if boundary is None:
@@ -70,11 +71,15 @@ def check_mtp_prime_walker(engine, prompt, k, boundary=None, chunk_rows=DEFAULT_
         raise InputError(f"the prime walker check needs two segments of at least PRIME_MIN_T = {PRIME_MIN_T} "
                          f"rows; boundary {boundary} of a {tp}-token prompt leaves "
                          f"{min(boundary, tp - boundary)}")
+    if progress is not None:
+        progress(f"unyielded oracle prime of {tp:,} rows")
     expected, expected_cap = oracle_prime(engine, prompt, k, [boundary], sampling)
     sess = engine.new_session(tp + k + 128)
     peer = Peer(engine)
+    on_chunk = None if progress is None else (lambda d, r: progress(f"walker chunk {d}/{d + r}", d, d + r))
     run = run_prime(engine, sess, prompt, k, sampling=sampling, yield_hook=peer.step, prime_split=boundary,
-                    chunk_rows=chunk_rows, fill_chunk=fill_chunk, capture_at=boundary, ckpt_at=boundary)
+                    chunk_rows=chunk_rows, fill_chunk=fill_chunk, capture_at=boundary, ckpt_at=boundary,
+                    on_chunk=on_chunk)
     got = run.prepared.logits
     actual_cap = capture_digest(sess.boundary_captures)
     same_logits = got.shape == expected.shape and np.array_equal(got.view(np.uint32), expected.view(np.uint32))

@@ -236,10 +236,12 @@ class PrimeRun:
     wall_s: float = 0.0
 
 
-def run_prime(engine, sess, prompt, k, *, sampling=None, yield_hook=None, **walker_kw) -> PrimeRun:
+def run_prime(engine, sess, prompt, k, *, sampling=None, yield_hook=None, on_chunk=None, **walker_kw) -> PrimeRun:
     """Prime ``prompt`` with the walker (``walker_kw``: :class:`MtpPrimeWalker`'s schedule
     arguments, ``prime_split`` … ``capture_at``, ``ckpt_at``). With ``yield_hook``, advance one
-    chunk at a time and call the hook between chunks (a yield); otherwise drain in one call."""
+    chunk at a time and call the hook between chunks (a yield); otherwise drain in one call.
+    ``on_chunk(done, remaining)``, if given, is called after each advance with the chunks done
+    so far and those left (a progress display; it must not touch the engine)."""
     t0 = time.perf_counter()
     w = MtpPrimeWalker(engine, sess, prompt, k, sampling=sampling, **walker_kw)
     run = PrimeRun(None)
@@ -253,6 +255,8 @@ def run_prime(engine, sess, prompt, k, *, sampling=None, yield_hook=None, **walk
 
     while w.remaining_chunks() > 0:
         progress = advance_prime(w, yield_hook is not None, observe)
+        if on_chunk is not None:
+            on_chunk(len(run.tape), progress.remaining_chunks)
         if yield_hook is not None and progress.remaining_chunks > 0:
             yield_hook()
             run.yields += 1
