@@ -369,8 +369,8 @@ def _goal_detail(name: str, r: dict) -> str:
     if name == "mma_decode_512_over_bf16_floor":
         return f" ({_ms(mm.get('decode_512_ms_per_token'))}/token)"
     if name == "mma_prime_4096_vs_hf_bf16":
-        t = _num(mm.get("prime_4096_tokens_per_s"))
-        return "" if t is None else f" ({t / 1e3:.1f} k tokens/s, {mm.get('prime_4096_s', 0):.3f} s)"
+        t, s = _num(mm.get("prime_4096_tokens_per_s")), _num(mm.get("prime_4096_s"))
+        return "" if t is None else f" ({t / 1e3:.1f} k tokens/s" + ("" if s is None else f", {s:.3f} s") + ")"
     if name == "mma_prime_32768_s":
         cold = _num(mm.get("prime_32768_cold_s"))
         return "" if cold is None else f" warm ({cold:.3f} s cold)"
