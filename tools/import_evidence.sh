@@ -12,8 +12,9 @@
 set -euo pipefail
 ev=${1:?usage: tools/import_evidence.sh EVIDENCE_RESULTS_DIR [BENCH_RESULTS_DIR]}
 bench=${2:-}
-h=".venv/bin/python -m harness.cli"
-[ -x .venv/bin/python ] || h="python3 -m harness.cli"
+py=.venv/bin/python
+[ -x "$py" ] || py=python3
+h="$py -m harness.cli"
 dev=receipts/device
 for m in default stdlib tiny-q35-bf16 tiny-q35-f32 tiny-w2 tiny-exact-bf16; do
   cp "$ev/h200-$m.json" "$ev/h200-$m.csv" "$dev/"
@@ -47,8 +48,6 @@ if [ -n "$bench" ]; then
   cp "$bench/h200-bench.json" receipts/bench/
   cp "$bench/bench.log" receipts/bench/h200-bench.log
   [ -f "$bench/h200-bench.prime_curve.png" ] && cp "$bench/h200-bench.prime_curve.png" receipts/bench/
-  py=.venv/bin/python
-  [ -x "$py" ] || py=python3
   $py tools/bench_table.py receipts/bench/h200-bench.json --readme README.md
 fi
 git status --short receipts

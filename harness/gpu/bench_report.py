@@ -158,6 +158,12 @@ def _num(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def _sub(d: dict, key: str) -> dict:
+    """``d[key]`` when it is a dict (a block of the bench JSON), else an empty dict."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
 def _goal(value, goal: str, ok) -> dict:
     if value is None:
         return {"value": NA, "goal": goal, "met": NA}
@@ -189,7 +195,7 @@ def goals_block(r: dict) -> dict:
     g["prime_131072_peak_over_weights_bytes"] = _goal(over, f"<= {PEAK_ALLOWANCE_BYTES // GB} GB",
                                                       lambda v: v <= PEAK_ALLOWANCE_BYTES)
     g["attention_tflops_32768"] = _goal(_num(m.get("attention_tflops_32768")), ">= 15 TFLOP/s", lambda v: v >= 15)
-    gemm = m.get("gemm") if isinstance(m.get("gemm"), dict) else {}
+    gemm = _sub(m, "gemm")
     g["gemm_tflops"] = _goal(_num(gemm.get("tflops")), ">= 25 TFLOP/s on the bench shapes",
                              lambda v: v >= 25)
     floor = _num(r.get("decode_floor_ms"))
@@ -209,13 +215,13 @@ def goals_block(r: dict) -> dict:
     d3 = _num((spec.get("k3") or {}).get("draft_step_ms"))
     g["draft_step_k3_over_decode"] = _goal(d3 / dec if d3 is not None and dec else None,
                                            "<= 0.5 x one decode step", lambda v: v <= 0.5)
-    bf = m.get("bf16") if isinstance(m.get("bf16"), dict) else {}
+    bf = _sub(m, "bf16")
     bf_ms, bf_floor = _num(bf.get("decode_512_ms_per_token")), _num(r.get("decode_floor_bf16_ms"))
     g["bf16_decode_512_over_bf16_floor"] = _goal(bf_ms / bf_floor if bf_ms is not None and bf_floor else None,
                                                  "<= 1.5 x bf16 floor (bench-8l rounded to bf16, resident as bf16 bits)",
                                                  lambda v: v <= 1.5)
     # issue #19: the exact-bf16 mode (bf16 tensor-core MMA) beside transformers bf16
-    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
+    mm = _sub(m, "mma")
     ours4, hf4 = _num(mm.get("prime_4096_tokens_per_s")), _num(((r.get("hf") or {}).get("bf16") or {}).get(
         "prime_4096_tokens_per_s"))
     g["mma_prime_4096_vs_hf_bf16"] = _goal(ours4 / hf4 if ours4 is not None and hf4 else None,
@@ -300,12 +306,18 @@ def goals_markdown(r: dict) -> str:
     return "\n".join(rows)
 
 
-def curve_markdown(r: dict) -> str:
-    rows = ["| prompt tokens | primewalk s | HF fp32 s | HF bf16 s | primewalk peak |", "|---|---|---|---|---|"]
+def curve_markdown(r: dict, hf: str = "HF", oom: str = OOM, no_peak: str = "") -> str:
+    """The prime length curve as a table: ``hf`` names transformers in the headers, ``oom`` is
+    written for an out-of-memory point and ``no_peak`` for a missing peak."""
+    rows = [f"| prompt tokens | primewalk s | {hf} fp32 s | {hf} bf16 s | primewalk peak |", "|---|---|---|---|---|"]
+
+    def t(v):
+        return oom if v == OOM else _v(v)
+
     for e in r.get("prime_curve", []):
         peak = e.get("peak_bytes")
-        rows.append(f"| {e['tokens']:,} | {_v(e.get('primewalk_s'))} | {_v(e.get('hf_fp32_s'))} | "
-                    f"{_v(e.get('hf_bf16_s'))} | {'' if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
+        rows.append(f"| {e['tokens']:,} | {t(e.get('primewalk_s'))} | {t(e.get('hf_fp32_s'))} | "
+                    f"{t(e.get('hf_bf16_s'))} | {no_peak if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
     return "\n".join(rows)
 
 
@@ -334,12 +346,6 @@ def _rate(v) -> str:
     return "-" if _num(v) is None else f"{v:,.0f}"
 
 
-def _secs(v) -> str:
-    if _num(v) is None:
-        return {OOM: "out of memory"}.get(v, "-" if v is None else str(v))
-    return f"{v:.3f}"
-
-
 def _spec_rows(spec: dict):
     return [(int(k[1:]), v) for k, v in sorted(spec.items(), key=lambda kv: int(kv[0][1:]))
             if isinstance(v, dict) and k[1:].isdigit()]
@@ -348,7 +354,7 @@ def _spec_rows(spec: dict):
 def _goal_detail(name: str, r: dict) -> str:
     """What the README shows beside a goal's value: its unit and the measure behind it."""
     m = r.get("primewalk", {}) or {}
-    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
+    mm = _sub(m, "mma")
     spec = dict(_spec_rows(m.get("spec") or {}))
     if name == "decode_512_over_floor":
         return f" ({_ms(m.get('decode_512_ms_per_token'))}/token)"
@@ -365,7 +371,7 @@ def _goal_detail(name: str, r: dict) -> str:
     if name == "draft_step_k3_over_decode":
         return f" ({_ms((spec.get(3) or {}).get('draft_step_ms'))})"
     if name == "bf16_decode_512_over_bf16_floor":
-        return f" ({_ms(((m.get('bf16') or {}) if isinstance(m.get('bf16'), dict) else {}).get('decode_512_ms_per_token'))}/token)"
+        return f" ({_ms(_sub(m, 'bf16').get('decode_512_ms_per_token'))}/token)"
     if name == "mma_decode_512_over_bf16_floor":
         return f" ({_ms(mm.get('decode_512_ms_per_token'))}/token)"
     if name == "mma_prime_4096_vs_hf_bf16":
@@ -411,15 +417,10 @@ def readme_markdown(r: dict, path: str = "receipts/bench/h200-bench.json") -> st
         "",
         "Prime time (seconds) against prompt length, with primewalk's peak device memory:",
         "",
-        "| prompt tokens | primewalk s | transformers fp32 s | transformers bf16 s | primewalk peak |",
-        "|---|---|---|---|---|",
+        curve_markdown(r, hf="transformers", oom="out of memory", no_peak="-"),
     ]
-    for e in r.get("prime_curve", []):
-        peak = _num(e.get("peak_bytes"))
-        out.append(f"| {e['tokens']:,} | {_secs(e.get('primewalk_s'))} | {_secs(e.get('hf_fp32_s'))} | "
-                   f"{_secs(e.get('hf_bf16_s'))} | {'-' if peak is None else f'{peak / 2 ** 30:.2f} GiB'} |")
-    mm = m.get("mma") if isinstance(m.get("mma"), dict) else {}
-    bf = m.get("bf16") if isinstance(m.get("bf16"), dict) else {}
+    mm = _sub(m, "mma")
+    bf = _sub(m, "bf16")
 
     def over(v, f):
         return "" if _num(v) is None or not f else f"{v / f:.3f} ×"
@@ -463,18 +464,24 @@ def readme_markdown(r: dict, path: str = "receipts/bench/h200-bench.json") -> st
     return "\n".join(out)
 
 
-def replace_readme_block(text: str, block: str) -> str:
-    """``text`` with the part between README_BEGIN and README_END replaced by ``block``; raises
-    ValueError when the markers are missing or out of order."""
+def _block_span(text: str) -> tuple[int, int]:
+    """Where the README's block lies in ``text``: (just after README_BEGIN, at README_END); raises
+    ValueError unless each marker is there once, in order."""
     a, b = text.find(README_BEGIN), text.find(README_END)
     if a < 0 or b < 0 or b < a or text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
         raise ValueError(f"no single block between '{README_BEGIN}' and '{README_END}'")
-    return text[:a + len(README_BEGIN)] + "\n" + block + "\n" + text[b:]
+    return a + len(README_BEGIN), b
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    """``text`` with the part between README_BEGIN and README_END replaced by ``block``; raises
+    ValueError when the markers are missing or out of order."""
+    a, b = _block_span(text)
+    return text[:a] + "\n" + block + "\n" + text[b:]
 
 
 def readme_block(text: str) -> str:
     """The part of ``text`` between README_BEGIN and README_END (stripped of the newlines next to
     the markers); raises ValueError as :func:`replace_readme_block`."""
-    replace_readme_block(text, "")  # the markers' check
-    a, b = text.find(README_BEGIN) + len(README_BEGIN), text.find(README_END)
+    a, b = _block_span(text)
     return text[a:b].strip("\n")
