@@ -37,8 +37,9 @@ globals().update(OPS)
 if not SIMULATED:
     from . import mma_tc
 
-    mma_tc.bind(globals())
+    mma_tc.bind(_NS)
     linear_mma_tc = mma_tc.linear_mma_tc
     linear_mma = dispatch.MMA_KERNELS["linear_mma"] = linear_mma_tc
+    linear_flag_mma = dispatch.MMA_KERNELS["linear_flag_mma"] = mma_tc.linear_flag_mma_tc
     attention_mma_tc = mma_tc.attention_mma_tc
     attention_mma = dispatch.MMA_KERNELS["attention_mma"] = mma_tc.attention_mma_gpu

@@ -25,13 +25,14 @@ token t.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import dispatch
 from .exact import F32, L2_EPS, ONE, SLICE, dot, dot_rows, exp32, row_col, sigmoid32, softplus32
 from .norms import NORM_THREADS, PS_WORDS, block_sumsq2
 from .tags import (STATIC_SMEM, KernelSource, block_size, body, cuda, fma, fmul, generated, generator, grid1, kernel,
-                   launch, launcher, prange, sqrt32, twin)
+                   launch, launcher, pdl_on, pdl_trigger, prange, sqrt32, twin)
 
 MAX_DK = 256  # key head dim of the fast recurrence (a column's slices live in one warp)
 
@@ -96,6 +97,7 @@ def gdn_prep_k(QKV, kd, hk, dk, BA, bo, nv, A_log, dt_bias, qscale, Qn, Kn, beta
     side (:func:`block_sumsq2`: on a decode step, whose one row makes few blocks, the latency of
     those serial chains and of beta's and g's exp and log is the kernel's), then q and k
     normalised. Each output the twin's arithmetic; only independent work moved."""
+    pdl_trigger()  # the recurrence, launched with PDL after this kernel, may load its state now
     b = cuda.blockIdx.x
     r = b // hk
     h = b - r * hk
@@ -187,13 +189,15 @@ class GdnCfg:
     """One configuration of the fast recurrence: head dims ``dk`` (≤ ``MAX_DK``), ``dv``; ``wpb``
     warps per block; chunks of ``tc`` rows staged in shared memory (None: the longest power of two
     ≤ 8 that fits ``STATIC_SMEM``); ``mode`` "pipe" or "rot" (:func:`gdn_source`); ``cap``: the
-    kernel writes the per-row state captures."""
+    kernel writes the per-row state captures; ``pdl``: the state slices are loaded before
+    ``pdl_wait()``, everything else after (launched with PDL: :func:`gdn_recurrence_fast`)."""
     dk: int
     dv: int
     wpb: int = 4
     tc: int | None = None
     mode: str = "pipe"
     cap: bool = False
+    pdl: bool = False
 
     @property
     def nsl(self):  # dot slices of a state column
@@ -205,6 +209,11 @@ class GdnCfg:
         while n < self.nsl:
             n *= 2
         return n
+
+    def with_pdl(self):
+        """This configuration launched with PDL (a method: the launcher runs in the CUDA build's
+        namespace, which holds no ``dataclasses``)."""
+        return dataclasses.replace(self, pdl=True)
 
     cw = property(lambda c: 32 // c.nslp)  # columns per warp
     cb = property(lambda c: c.cw * c.wpb)  # columns per block
@@ -223,7 +232,8 @@ class GdnCfg:
         return tc
 
     def name(self):
-        return f"gdn_{self.mode}_dk{self.dk}_dv{self.dv}_w{self.wpb}_t{self.chunk()}{'_cap' if self.cap else ''}"
+        return (f"gdn_{self.mode}_dk{self.dk}_dv{self.dv}_w{self.wpb}_t{self.chunk()}{'_cap' if self.cap else ''}"
+                f"{'_pdl' if self.pdl else ''}")
 
     def check(self):
         tc = self.chunk()
@@ -394,6 +404,8 @@ def kern(Qn, Kn, V, vo, g, beta, S1, out1, ostride, R, vpk, cap1, cstride):
         for ii in range(SL):
             if ii < LAST or full:
                 st[ii] = S1[sb + U(ii * DV)]
+    if PDL:  # the state is no output of the kernel before (gdn_prep): its loads go first
+        pdl_wait()
 
     # ---- chunk 0 into buffer 0 (all its loads in flight together with the state's)
     gx, bx = stage_issue(Kn, Qn, V, g, beta, rk, rq, rv, I32(0), rlast, w, lane, tid, h, ko, uk, uv, jb)
@@ -551,7 +563,7 @@ def gdn_source(c: GdnCfg) -> KernelSource:
     consts = dict(DK=DK, DV=DV, SL=SLICE, NSL=NSL, CW=CW, DKP=NSL * SLICE, LAST=DK - (NSL - 1) * SLICE,
                   RAGGED=DK % SLICE != 0, WPB=c.wpb, TC=tc, CB=CB, DVFULL=DV % CB == 0, RPW=RPW, NVU=NVU,
                   CBW=CB % 32 == 0, MKQ=RPW * NSL, MV=RPW * NVU, TR=2 * tc + 1, NK=(2 * tc + 1) * NSL * SLICE,
-                  NV=(2 * tc + 1) * CB, ROT=c.mode == "rot", CAP=c.cap)
+                  NV=(2 * tc + 1) * CB, ROT=c.mode == "rot", CAP=c.cap, PDL=c.pdl)
     prelude = ["U = np.uint64  # array indices: unsigned, so Numba emits no negative-index wraparound",
                "I32 = np.int32", "NEG0 = F32(-0.0)"] + [f"{k} = {v!r}" for k, v in consts.items()]
     return KernelSource(c.name(), "\n".join(prelude) + "\n" + _GDN_KERNEL, c.nt)
@@ -567,9 +579,11 @@ def gdn_recurrence_fast(Qn, Kn, V, vo, g, beta, S, out, R, dk, dv, vpk, cap, cap
     c = cfg or gdn_config(dk, dv, capture)
     if c.cap != bool(capture) or (c.dk, c.dv) != (dk, dv) or S.shape[1:] != (dk, dv):
         raise ValueError(f"gdn_recurrence_fast: {c} cannot run S {S.shape}, capture={capture}")
+    if cfg is None and pdl_on():  # a captured step launches it with PDL (launch.launch); a given cfg runs as given
+        c = c.with_pdl()
     k = generated(gdn_source, c)
     launch(k, (nv, c.grid_y), k.threads, Qn, Kn, V, vo, g, beta, S.reshape(S.size), out.reshape(out.size),
-           out.shape[1], R, vpk, cap.reshape(cap.size), nv * dk * dv)
+           out.shape[1], R, vpk, cap.reshape(cap.size), nv * dk * dv, pdl=c.pdl)
 
 
 @launcher("gdn_recurrence")

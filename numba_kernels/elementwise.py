@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import exp32, row_col, sigmoid32, silu32, softplus32
-from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, twin, widen
+from .mma_gemm import PACK_ERROR, bf16_pair, pack_span
+from .tags import body, cuda, fmul, grid1, kernel, launch, launcher, pdl_trigger, twin, widen
 
 MAPS = {"map_exp": 0, "map_sigmoid": 1, "map_silu": 2, "map_softplus": 3}  # map op: ``which``
 
@@ -108,57 +109,122 @@ def add_cuda(X, Y, out, R):
 
 
 @body
-def swiglu_at(GU, I, out, r, c):
+def swiglu_val(GU, I, r, c):
     ru, cu = np.uint64(r), np.uint64(c)  # unsigned: no negative-index wrap code
-    out[ru, cu] = fmul(silu32(GU[ru, cu]), GU[ru, np.uint64(I + c)])
+    return fmul(silu32(GU[ru, cu]), GU[ru, np.uint64(I + c)])
+
+
+@body
+def swiglu_at(GU, I, out, r, c):
+    out[np.uint64(r), np.uint64(c)] = swiglu_val(GU, I, r, c)
 
 
 @twin("swiglu_act")
-def swiglu_act_cpu(GU, I, out, R):
-    """out[r, i] = silu(GU[r, i]) · GU[r, I + i] (gate ‖ up in one row)."""
+def swiglu_act_cpu(GU, I, out, R, xp=None):
+    """out[r, i] = silu(GU[r, i]) · GU[r, I + i] (gate ‖ up in one row). ``xp`` (optional, uint32
+    [≥R, ≥I/2]; I even): each output pair's bf16 bits packed there too (``pack_span``)."""
+    if xp is not None:
+        if I % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < I:
+            raise ValueError(PACK_ERROR)
     for r in range(R):
         for c in range(I):
             swiglu_at(GU, I, out, r, c)
+        if xp is not None:
+            pack_span(out, r, 0, I, xp, 0, 1)
 
 
 @kernel
 def swiglu_act_k(GU, I, out, R):
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     i = cuda.grid(1)
     if i < R * I:
         r, c = row_col(i, I)
         swiglu_at(GU, I, out, r, c)
 
 
+@kernel
+def swiglu_act_pk_k(GU, I, out, R, xp):
+    """One thread per output pair: both outputs stored and packed from registers."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
+    h = I >> 1
+    i = cuda.grid(1)
+    if i < R * h:
+        r, j = row_col(i, h)
+        v0, v1 = swiglu_val(GU, I, r, 2 * j), swiglu_val(GU, I, r, 2 * j + 1)
+        ru, k = np.uint64(r), np.uint64(2 * j)  # unsigned: no negative-index wrap code
+        out[ru, k] = v0
+        out[ru, k + np.uint64(1)] = v1
+        xp[ru, np.uint64(j)] = bf16_pair(v0, v1)
+
+
 @launcher("swiglu_act")
-def swiglu_act_cuda(GU, I, out, R):
-    launch(swiglu_act_k, *grid1(R * I), GU, I, out, R)
+def swiglu_act_cuda(GU, I, out, R, xp=None):
+    if xp is None:
+        launch(swiglu_act_k, *grid1(R * I), GU, I, out, R)
+        return
+    if I % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < I:
+        raise ValueError(PACK_ERROR)
+    launch(swiglu_act_pk_k, *grid1(R * (I >> 1)), GU, I, out, R, xp)
+
+
+@body
+def gate_val(O, G, go, r, c):
+    ru, cu = np.uint64(r), np.uint64(c)  # unsigned: no negative-index wrap code
+    return fmul(O[ru, cu], sigmoid32(G[ru, np.uint64(go + c)]))
 
 
 @body
 def gate_at(O, G, go, out, r, c):
-    ru, cu = np.uint64(r), np.uint64(c)  # unsigned: no negative-index wrap code
-    out[ru, cu] = fmul(O[ru, cu], sigmoid32(G[ru, np.uint64(go + c)]))
+    out[np.uint64(r), np.uint64(c)] = gate_val(O, G, go, r, c)
 
 
 @twin("sigmoid_gate")
-def sigmoid_gate_cpu(O, G, go, out, R):
-    """out[r, i] = O[r, i] · sigmoid(G[r, go + i])."""
+def sigmoid_gate_cpu(O, G, go, out, R, xp=None):
+    """out[r, i] = O[r, i] · sigmoid(G[r, go + i]). ``xp``: as swiglu_act's (O's width even)."""
+    n = O.shape[1]
+    if xp is not None:
+        if n % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < n:
+            raise ValueError(PACK_ERROR)
     for r in range(R):
-        for c in range(O.shape[1]):
+        for c in range(n):
             gate_at(O, G, go, out, r, c)
+        if xp is not None:
+            pack_span(out, r, 0, n, xp, 0, 1)
 
 
 @kernel
 def sigmoid_gate_k(O, G, go, out, R):
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     i = cuda.grid(1)
     if i < R * O.shape[1]:
         r, c = row_col(i, O.shape[1])
         gate_at(O, G, go, out, r, c)
 
 
+@kernel
+def sigmoid_gate_pk_k(O, G, go, out, R, xp):
+    """One thread per output pair: both outputs stored and packed from registers."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
+    h = O.shape[1] >> 1
+    i = cuda.grid(1)
+    if i < R * h:
+        r, j = row_col(i, h)
+        v0, v1 = gate_val(O, G, go, r, 2 * j), gate_val(O, G, go, r, 2 * j + 1)
+        ru, k = np.uint64(r), np.uint64(2 * j)  # unsigned: no negative-index wrap code
+        out[ru, k] = v0
+        out[ru, k + np.uint64(1)] = v1
+        xp[ru, np.uint64(j)] = bf16_pair(v0, v1)
+
+
 @launcher("sigmoid_gate")
-def sigmoid_gate_cuda(O, G, go, out, R):
-    launch(sigmoid_gate_k, *grid1(R * O.shape[1]), O, G, go, out, R)
+def sigmoid_gate_cuda(O, G, go, out, R, xp=None):
+    n = O.shape[1]
+    if xp is None:
+        launch(sigmoid_gate_k, *grid1(R * n), O, G, go, out, R)
+        return
+    if n % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < n:
+        raise ValueError(PACK_ERROR)
+    launch(sigmoid_gate_pk_k, *grid1(R * (n >> 1)), O, G, go, out, R, xp)
 
 
 # ------------------------------------------------------------------------------------------------

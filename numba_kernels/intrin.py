@@ -33,6 +33,13 @@ element ``off``; ``cp16b(S, sb, A, gb, rs)`` the 16 bytes at byte ``gb`` of ``A`
 ``cp_commit()``, ``cp_wait0()``, ``cp_wait1()``, ``cp_wait2()`` (``cp.async.commit_group``,
 ``wait_group 0/1/2``); ``cp_wait_group(n)`` builds the ``wait_group n`` one.
 
+Programmatic dependent launch (sm_90, :func:`pdl_emit`): ``pdl_trigger()``
+(``griddepcontrol.launch_dependents``: a kernel launched after this one with the
+programmatic-serialization attribute, :func:`numba_kernels.launch.launch` ``pdl=True``, may
+start before this one ends) and ``pdl_wait()`` (``griddepcontrol.wait``: the executing thread
+waits until the kernels it depends on have completed and their writes are visible; a kernel not
+launched that way has none pending and passes at once). Where PDL is off both compile to nothing.
+
 Other: ``sel(c, a, b)`` (a branch-free select); ``xput``, ``xget``, ``xdone``: a warp exchange of
 two values per lane (``xput(xb, w, lane, a, b)`` publishes, ``xget(xb, w, which, v, src)`` reads
 lane ``src``'s ``v``: ``shfl_sync`` on the GPU; under the simulator, which has no warp shuffles,
@@ -52,6 +59,31 @@ from .exact import F32
 
 SIMULATED = bool(_nb_config.ENABLE_CUDASIM)
 _FULL = 0xFFFFFFFF
+PDL_ENV = "PRIMEWALK_PDL"  # "0": off; "1": on even without a GPU (compile checks); unset: on from sm_90
+_PDL: dict = {}
+
+
+def pdl_emit() -> bool:
+    """Whether ``pdl_trigger`` / ``pdl_wait`` emit their instructions, fixed at the first call of
+    the process: never under the simulator or with ``PRIMEWALK_PDL=0``; with ``PRIMEWALK_PDL=1``
+    always (``tools/check_compile.py`` compiles for sm_90 without a GPU); else when the current
+    device is sm_90 or newer (``griddepcontrol`` is sm_90 PTX)."""
+    v = _PDL.get("emit")
+    if v is None:
+        import os
+
+        env = os.environ.get(PDL_ENV, "")
+        if SIMULATED or env == "0":
+            v = False
+        elif env == "1":
+            v = True
+        else:
+            try:
+                v = tuple(cuda.get_current_device().compute_capability) >= (9, 0)
+            except Exception:  # noqa: BLE001  (no device, no driver)
+                v = False
+        _PDL["emit"] = v
+    return v
 
 if SIMULATED:
     def _widen(h):
@@ -165,6 +197,12 @@ if SIMULATED:
         def wait():
             pass
         return wait
+
+    def pdl_trigger():  # one kernel at a time under the simulator: nothing to overlap
+        pass
+
+    def pdl_wait():
+        pass
 
     def sel(c, a, b):
         return a if c else b
@@ -493,13 +531,16 @@ else:
 
         return sig, codegen
 
-    def _asm0(text):
+    def _asm0(text, when=None):
+        """An intrinsic of no operands emitting ``text`` (a memory clobber); with ``when``, only
+        where ``when()`` holds as a kernel using it is compiled (else nothing)."""
         def f(typingctx):
             sig = types.void()
 
             def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
-                builder.call(asm, [])
+                if when is None or when():
+                    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                    builder.call(asm, [])
                 return context.get_dummy_value()
 
             return sig, codegen
@@ -513,6 +554,9 @@ else:
     def cp_wait_group(n):
         """An intrinsic ``cp.async.wait_group n`` (n a Python int fixed when a kernel is built)."""
         return _asm0(f"cp.async.wait_group {int(n)};")
+
+    pdl_trigger = _asm0("griddepcontrol.launch_dependents;", pdl_emit)
+    pdl_wait = _asm0("griddepcontrol.wait;", pdl_emit)
 
     # ---- select, warp exchange ---------------------------------------------------------------
     @intrinsic
@@ -542,7 +586,7 @@ else:
 
 
 PRIMITIVES = ("lds1", "sts1", "lds2", "lds4", "sts4", "ldg4", "ldgz4", "ldg4p", "ldg1p", "ldgh4p", "ldgh1p", "ld4g",
-         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp16b", "cp_commit", "cp_wait0", "cp_wait1", "cp_wait2", "sel", "xput", "xget", "xdone")
+         "ld4gf", "cp16", "cp4", "cp16f", "cp4f", "cp16b", "cp_commit", "cp_wait0", "cp_wait1", "cp_wait2", "pdl_trigger", "pdl_wait", "sel", "xput", "xget", "xdone")
 
 
 def bindings() -> dict:

@@ -20,6 +20,13 @@
   :func:`capture` it is recorded into a CUDA graph (a ``cuda.core`` GraphBuilder; under the
   simulator, a list) that :meth:`Graph.replay` runs again. A kernel that needs more than
   ``STATIC_SMEM`` bytes has its limit raised once per compiled overload, at its first launch.
+- **Programmatic dependent launch** (:func:`pdl_on`: sm_90 and newer, ``PRIMEWALK_PDL`` not
+  ``0``): ``launch(..., pdl=True)`` inside :func:`capture` records a kernel with the
+  programmatic-serialization attribute, so that its blocks may start while the kernel before it still runs (from that
+  kernel's ``pdl_trigger()``) -- the kernel must ``pdl_wait()`` before it reads anything an
+  earlier kernel wrote or writes anything at all (the GEMVs stream their weights before it).
+  The attribute goes into a captured graph as a programmatic edge. Scheduling only: the
+  kernels' arithmetic and so their bits are the same with PDL on or off.
 - **Nothing is built, allocated or set during a capture**: building a generated kernel, growing a
   kernel-owned buffer (:func:`scratch`, :func:`zero_buffer`) or raising a shared-memory limit
   inside :func:`capture` raises instead. The engine runs every step once uncaptured before it
@@ -35,6 +42,7 @@ import collections
 import math
 import os
 import re
+import threading
 import warnings
 
 import numpy as np
@@ -145,10 +153,13 @@ LAUNCHES: collections.Counter = collections.Counter()  # kernel name -> launches
 _NAMES: dict = {}
 
 
-def launch(kernel, grid, block, *args):
+def launch(kernel, grid, block, *args, pdl=False):
     """Every launch of this package goes through here (see :func:`capture`). ``kernel``: a
     ``cuda.jit`` kernel, or a generated :class:`Kernel` (launched with its dynamic shared
-    memory, its limit raised first where it needs more than ``STATIC_SMEM``)."""
+    memory, its limit raised first where it needs more than ``STATIC_SMEM``). ``pdl``: captured
+    with the programmatic-serialization attribute where :func:`pdl_on` (the kernel waits with
+    ``pdl_wait()`` before it touches what earlier kernels wrote); launches that run at once stay
+    plain (a captured step is what replays every token)."""
     if isinstance(kernel, Kernel):
         name, disp, smem = kernel.name, kernel.disp, kernel.smem
         if smem > STATIC_SMEM:
@@ -160,12 +171,88 @@ def launch(kernel, grid, block, *args):
         disp, smem = kernel, 0
     LAUNCHES[name] += 1
     t = _Launch.target
+    if isinstance(t, list):
+        t.append((disp, grid, block, smem, args))
+        return
     if t is None:
         disp[grid, block, 0, smem](*args)
-    elif isinstance(t, list):
-        t.append((disp, grid, block, smem, args))
+    elif pdl and pdl_on():
+        _PDL_TLS.on = True
+        try:
+            disp[grid, block, t, smem](*args)
+        finally:
+            _PDL_TLS.on = False
     else:
         disp[grid, block, t, smem](*args)
+
+
+_PDL_TLS = threading.local()  # .on: this thread's launch in progress carries the PDL attribute
+_PDL_STATE: dict = {}
+
+
+def pdl_on() -> bool:
+    """Whether ``launch(..., pdl=True)`` launches with programmatic dependent launch: the kernels'
+    ``pdl_trigger`` / ``pdl_wait`` are emitted (:func:`numba_kernels.intrin.pdl_emit`: sm_90 or
+    newer, ``PRIMEWALK_PDL`` not ``0``) and this numba-cuda's launch configuration takes the
+    attribute. numba-cuda builds each launch's ``cuda.core`` LaunchConfig through its dispatcher
+    module's name ``LaunchConfig``; that name is replaced, once, by a function that adds
+    ``programmatic_stream_serialization=True`` while this thread's :func:`launch` asks for it
+    (a thread-local flag: the launches of other host threads are untouched)."""
+    v = _PDL_STATE.get("on")
+    if v is None:
+        v = False
+        if intrin.pdl_emit() and not SIMULATED:
+            try:
+                from numba.cuda import dispatcher
+
+                base = dispatcher.LaunchConfig
+                base(grid=1, block=32, programmatic_stream_serialization=True)
+
+                def config(*a, **kw):
+                    if getattr(_PDL_TLS, "on", False):
+                        kw["programmatic_stream_serialization"] = True
+                    return base(*a, **kw)
+
+                dispatcher.LaunchConfig = config
+                v = True
+            except Exception:  # noqa: BLE001  (an older cuda.core or numba-cuda: launches stay plain)
+                v = False
+        _PDL_STATE["on"] = v
+    return v
+
+
+def pass_none_args(kernel_cls=None):
+    """Let a launch pass ``None`` for a kernel argument. Kernels here take an optional array as
+    ``None`` -- typed ``none``, its branch compiled out (``if xp is not None``: the norms' and
+    gates' packed bf16 output, the bf16 GEMV's NaN/Inf flags) -- and numba-cuda 0.30.4 compiles
+    such a kernel (a ``none`` parameter is one pointer-sized ``.param``, never read) but its launch
+    refuses to marshal the value (``NotImplementedError: (none, None)``). Its ``_Kernel``'s
+    argument marshalling is wrapped, once, to pass a null pointer there; every other argument goes
+    through numba-cuda's own. Returns whether the wrapper is in place."""
+    if kernel_cls is None:
+        from numba.cuda import dispatcher
+
+        kernel_cls = getattr(dispatcher, "_Kernel", None)
+    base = getattr(kernel_cls, "_prepare_args", None)
+    if base is None:
+        return False
+    if getattr(base, "_passes_none", False):
+        return True
+    from numba import types as nbtypes
+
+    def prepare(self, ty, val, stream, retr, kernelargs):
+        if isinstance(ty, nbtypes.NoneType):
+            kernelargs.append(0)  # the parameter's 8 bytes (a pointer-sized integer, as numba-cuda passes pointers)
+            return None
+        return base(self, ty, val, stream, retr, kernelargs)
+
+    prepare._passes_none = True
+    kernel_cls._prepare_args = prepare
+    return True
+
+
+if not SIMULATED:
+    pass_none_args()
 
 
 class Graph:
@@ -366,5 +453,5 @@ def generated(gen, cfg) -> Kernel:
 def bindings() -> dict:
     """The names :mod:`numba_kernels.tags` leaves to the target, bound for CUDA."""
     return dict(fma=fma, fmul=fmul, sqrt32=sqrt32, bits_to_f32=bits_to_f32, widen=widen, wbits=wbits,
-                barrier=barrier, syncwarp=syncwarp, cuda=cuda, launch=launch, grid1=grid1, block_size=block_size, zero_pos=zero_pos,
+                barrier=barrier, syncwarp=syncwarp, pdl_trigger=intrin.pdl_trigger, cuda=cuda, launch=launch, pdl_on=pdl_on, grid1=grid1, block_size=block_size, zero_pos=zero_pos,
                 scratch=scratch, zero_buffer=zero_buffer, generated=generated, aligned=aligned)

@@ -46,7 +46,9 @@ from . import dispatch
 from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
 from .exact import SLICE, dot_rows
 from .elementwise import nonfinite_flag_cpu, nonfinite_flag_cuda
+from .mma_gemm import linear_mma_cpu, linear_mma_naive
 from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
+                   pdl_on,
                    prange, twin, zero_buffer)
 
 
@@ -109,6 +111,7 @@ class GemvCfg:
     BF16: bool = False  # W holds bf16 bit patterns (uint16)
     VEC: bool = True  # 128-bit loads (K % 4 == 0, bf16 K % 8 == 0, 16-byte aligned rows); else scalar
     EP: str = ""  # the epilogue (GEMV_EPILOGUES): "flag" (linear_flag)
+    PDL: bool = False  # the weight chunks in flight before pdl_wait(), X after (launched with PDL: gemv)
 
     SP = property(lambda c: 32 // c.OW)
     NW = property(lambda c: c.NOG * c.NG)
@@ -130,7 +133,7 @@ class GemvCfg:
 
     def name(self):
         return (f"gemv_{'bf16' if self.BF16 else 'f32'}_R{self.RB}_ow{self.OW}_og{self.NOG}_ng{self.NG}_pf{self.PF}"
-                f"_mo{self.MO}{'' if self.VEC else '_scalar'}{'_' + self.EP if self.EP else ''}")
+                f"_mo{self.MO}{'' if self.VEC else '_scalar'}{'_' + self.EP if self.EP else ''}{'_pdl' if self.PDL else ''}")
 
     def check(self):
         if not (self.OW in (2, 4, 8, 16) and self.RB >= 1 and self.NOG >= 1 and self.NG >= 1 and self.PF in (1, 2, 3)
@@ -138,6 +141,11 @@ class GemvCfg:
                 and self.EP in GEMV_EPILOGUES):
             raise ValueError(f"{self.name()}: not a valid GEMV configuration ({self.smem_bytes} B of shared memory)")
         return self
+
+    def with_pdl(self):
+        """This configuration launched with PDL (a method: the launcher runs in the CUDA build's
+        namespace, which holds no ``dataclasses``)."""
+        return dataclasses.replace(self, PDL=True)
 
 
 # "flag": each output checked for NaN/Inf as it is stored (linear_flag)
@@ -433,10 +441,13 @@ def _gemv_kernel(c: GemvCfg) -> str:
                 a(f"{p}acc{m} = merge(Ps, tid + {m * NT}, acc{m})")
         a(f"{p}cuda.syncthreads()")
 
-    # prologue: weight chunks 0..PF-1 in flight, X chunk 0 staged, X chunk 1 in registers
+    # prologue: weight chunks 0..PF-1 in flight, X chunk 0 staged, X chunk 1 in registers (PDL:
+    # the weights are no earlier kernel's output, so their loads go before pdl_wait, X's after)
     for k, s in enumerate(sets):
         a(f"    if {k} < nch:")
         wload("        ", s, f"{k}")
+    if c.PDL:
+        a("    pdl_wait()")
     a("    if 0 < nch:")
     xload("        ", "0")
     xstore("        ")
@@ -486,13 +497,15 @@ def gemv(X, W, out, R, cfg=None, flag=()):
     ep = "flag" if flag else ""
     if cfg is None:
         cfg = gemv_config(N, K, R, bf16, vec_ok, ep)
+        if pdl_on():  # a captured step launches it with PDL (launch.launch); a given cfg runs as given
+            cfg = cfg.with_pdl()
     elif (cfg.BF16 != bf16 or cfg.EP != ep or R > cfg.RB
           or (cfg.VEC and not (vec_ok and K % (8 if bf16 else 4) == 0))):
         raise ValueError(f"gemv: {cfg.name()} cannot run W {W.dtype} [.., {K}], X {X.shape}, R = {R}"
                          f"{', epilogue ' + ep if ep else ''}")
     k = generated(gemv_source, cfg)
     launch(k, (N + cfg.OB - 1) // cfg.OB, k.threads, X.reshape(X.shape[0] * X.shape[1]), X.shape[1],
-           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8), *flag)
+           W.reshape(N * K), K, N, out, R, zero_buffer("gemv.zeros", 8), *flag, pdl=cfg.PDL)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -515,6 +528,22 @@ def linear_flag_cuda(X, W, out, R, flags, slot):
     elif R > 0:
         gemm(X, W, out, R)
         nonfinite_flag_cuda(out, R, flags, slot)
+
+
+@twin("linear_flag_mma")
+def linear_flag_mma_cpu(X, W, out, R, flags, slot, xp=None):
+    """exact-bf16 ``linear_flag`` (the lm head): ``linear_mma(X, W, out, R, xp)``, then
+    ``nonfinite_flag(out, R, flags, slot)``."""
+    linear_mma_cpu(X, W, out, R, xp)
+    nonfinite_flag_cpu(out, R, flags, slot)
+
+
+@launcher("linear_flag_mma")
+def linear_flag_mma_cuda(X, W, out, R, flags, slot, xp=None):
+    """The naive exact-bf16 linear, then the flag kernel (on a GPU ``mma_tc.linear_flag_mma_tc``
+    serves the op: the bf16 GEMV checks each output as it stores it)."""
+    linear_mma_naive(X, W, out, R, xp)
+    nonfinite_flag_cuda(out, R, flags, slot)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,11 +31,13 @@ from __future__ import annotations
 import numpy as np
 
 from .exact import silu32
-from .tags import bits_to_f32, body, cuda, fmul, grid1, kernel, launch, launcher, prange, twin, wbits
+from .tags import bits_to_f32, body, cuda, fmul, grid1, kernel, launch, launcher, prange, scratch, twin, wbits
 
 MMA_K = 16  # terms per MMA step
 MMA_GRID_FLOOR = -158  # the alignment grid never goes below 2^-158 (mma.GRID_FLOOR)
 MMA_NAN = 0x7FFFFFFF  # the NaN the H200 writes (mma.NAN_CUDA)
+PACK_ERROR = "xp: the packed output needs uint32 [>= R, >= (offset + width)/2] and an even offset and width"
+XP_ERROR = "linear_mma: xp must be uint32 [>= R, K/2]"
 
 
 @body
@@ -46,6 +48,43 @@ def bf16_of(u):
     if (u & 0x7FFFFFFF) > 0x7F800000:
         return ((u >> 16) & 0x8000) | 0x7FC0
     return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+@body
+def bf16_one(x):
+    """bf16 bits (int64) of the float32 x for a packed output: :func:`bf16_of`, every NaN as the
+    one quiet NaN 0x7fc0 (a NaN's sign is not part of the contract -- the GPU's and the CPU's
+    float32 NaNs may differ in it -- and the MMA makes any NaN input the same NaN output)."""
+    u = np.int64(wbits(x)) & 0xFFFFFFFF
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return np.int64(0x7FC0)
+    return bf16_of(u)
+
+
+@body
+def bf16_pair(lo, hi):
+    """The bf16 pair of two float32 values as one word, ``lo`` in the low half (:func:`bf16_one`
+    each): an MMA fragment register, as the GEMV and GEMM read X (``mma_tc.mma_pack_x_k``, which
+    keeps a NaN's sign: the same MMA results)."""
+    return np.uint32(bf16_one(lo) | (bf16_one(hi) << 16))
+
+
+@body
+def pack_span(out, r, c0, n, xp, i0, step):
+    """The packed output of a producer op (``xp=``: norms, gates): xp[r, j] = bf16_pair(out[r, 2j],
+    out[r, 2j + 1]) for j = c0/2 + i, i in range(i0, n/2, step) (c0 and n even)."""
+    j0 = c0 >> 1
+    for i in range(i0, n >> 1, step):
+        j = j0 + i
+        xp[r, j] = bf16_pair(out[r, 2 * j], out[r, 2 * j + 1])
+
+
+@body
+def unpack_at(xp, Xu, r, j):
+    """Pair j of row r of packed X back to the float32 bits of its two bf16 values (Xu uint32)."""
+    w = np.uint32(xp[r, j])
+    Xu[r, 2 * j] = np.uint32((w & np.uint32(0xFFFF)) << np.uint32(16))
+    Xu[r, 2 * j + 1] = np.uint32(w & np.uint32(0xFFFF0000))
 
 
 @body
@@ -285,14 +324,24 @@ def linear_mma_dec_at(Xu, Wu, XM, XL, xs, WM, WL, ws, outu, r, o):
 
 
 @twin("linear_mma", parallel=True)
-def linear_mma_cpu(X, W, out, R):
+def linear_mma_cpu(X, W, out, R, xp=None):
     """exact-bf16 ``out[r, o] = Σ_k bf16(X[r, k])·W[o, k]`` (MMA steps of 16) for r < R.
     X: [≥R, K]; W: [N, K] (bf16 values); out: [≥R, N]; all float32, C-contiguous. The rows of X
     and W are decoded to bf16 fields once (:func:`mma_decode`), then every output runs its steps
-    on the fields (:func:`mma_step_dec`)."""
-    Xu = X.view(np.uint32)  # W as it is: float32 or bf16 bits (uint16), read through wbits
-    outu = out.view(np.uint32)
+    on the fields (:func:`mma_step_dec`). ``xp`` (optional, uint32 [≥R, K/2]): X's bf16 pairs as
+    a producer op wrote them beside X (:func:`pack_span`); when given, the bf16 values are read
+    from it, not from X (the same values when xp is X's packing, which the caller guarantees)."""
     N, K = W.shape
+    if xp is not None:
+        if 2 * xp.shape[1] != K or xp.shape[0] < R:
+            raise ValueError(XP_ERROR)
+        Xu = np.empty((R, K), np.uint32)
+        for r in prange(R):
+            for j in range(K >> 1):
+                unpack_at(xp, Xu, r, j)
+    else:
+        Xu = X.view(np.uint32)  # W as it is: float32 or bf16 bits (uint16), read through wbits
+    outu = out.view(np.uint32)
     XM = np.empty((R, K), np.int16)
     XL = np.empty((R, K), np.int16)
     WM = np.empty((N, K), np.int16)
@@ -332,16 +381,33 @@ def linear_mma_naive_k(Xu, Wu, outu, R):
         linear_mma_at(Xu, Wu, outu, r, i - r * N)
 
 
+@kernel
+def mma_unpack_x_k(xp, Xu, R):
+    i = cuda.grid(1)
+    h = xp.shape[1]
+    if i < R * h:
+        r = i // h
+        unpack_at(xp, Xu, r, i - r * h)
+
+
 @launcher(of="linear_mma")
-def linear_mma_naive(X, W, out, R):
-    """One thread per output, the twin's body (the MMA emulated in integer arithmetic)."""
-    launch(linear_mma_naive_k, *grid1(R * W.shape[0]), X.view(np.uint32), W, out.view(np.uint32), R)
+def linear_mma_naive(X, W, out, R, xp=None):
+    """One thread per output, the twin's body (the MMA emulated in integer arithmetic); with
+    ``xp``, X's bf16 values unpacked from it first (into kernel-owned scratch), as the twin does."""
+    Xu = X.view(np.uint32)
+    if xp is not None:
+        K = W.shape[1]
+        if 2 * xp.shape[1] != K or xp.shape[0] < R:
+            raise ValueError(XP_ERROR)
+        Xu = scratch("linear_mma.xu", R * K, np.uint32)[:R * K].reshape(R, K)
+        launch(mma_unpack_x_k, *grid1(R * (K // 2)), xp, Xu, R)
+    launch(linear_mma_naive_k, *grid1(R * W.shape[0]), Xu, W, out.view(np.uint32), R)
 
 
 @launcher("linear_mma")
-def linear_mma_cuda(X, W, out, R):
+def linear_mma_cuda(X, W, out, R, xp=None):
     """exact-bf16 linear (see the twin)."""
-    linear_mma_naive(X, W, out, R)
+    linear_mma_naive(X, W, out, R, xp)
 
 
 # ------------------------------------------------------------------------------------------------

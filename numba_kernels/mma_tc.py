@@ -38,7 +38,7 @@ the MMA's rows, row), then the fp32 mode's ordered merge. ``attention_mma_gpu`` 
 GPU: split-KV, the packed kernel, or the one-block-per-(row, head) kernel.
 
 Weights resident as bf16 bits (uint16, the default on CUDA): ``linear_mma_g16_k`` (from
-``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``) and the GEMV
+``W16_MIN_ROWS`` rows; X packed to bf16 first by ``mma_pack_x_k``, or by its producer: ``xp``) and the GEMV
 ``VD_KERNELS[vd_rows(R)]`` (``linear_mma_vd{1,2,4,8,16}_k``, fewer rows: decode, verify, drafts;
 fragments by ``ldmatrix``) for K % 8 == 0, else ``linear_mma_tc_k`` on element loads (see the
 comments above ``G16_M`` and ``V16_KT``).
@@ -59,16 +59,17 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, sts4
+from .intrin import cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, pdl_trigger, pdl_wait, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
-from .launch import aligned, fmul, generated, launch, scratch, syncwarp, wbits, zero_pos
+from .launch import aligned, fmul, generated, launch, pdl_on, scratch, syncwarp, wbits, zero_pos
 
 BODIES = ("exp32", "merge_stats", "merge_value", "attn_out", "mma_dot", "mma_f32",
-          "attention_mma_tiled")
+          "attention_mma_tiled", "nonfinite_flag_cuda")
 
 
 def bind(ns) -> None:
-    """Take the family bodies and launchers this module's attention uses (``BODIES``), as
+    """Take the family bodies and launchers this module uses (``BODIES``: attention's, and the flag
+    kernel's launcher for the lm head's other shapes), as
     compiled for CUDA, from :mod:`numba_kernels.cuda`'s namespace ``ns``: that module imports this
     one and binds it (this module never imports it: no import cycle); kernels here resolve these
     names when they first compile."""
@@ -180,6 +181,29 @@ def _tile(N):
     ntn = (N + 7) >> 3
     tm = warp // ntn
     return tm * 16, (warp - tm * ntn) * 8, lane >> 2, lane & 3
+
+
+@cuda.jit(device=True, inline=True)
+def _nonfinite_bits(d):
+    """Whether float32 bits d are NaN or ±inf."""
+    return (d & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+
+
+@cuda.jit(device=True, inline=True)
+def _stored_nonfinite(r, c, R, N, d0, d1, d2, d3):
+    """Whether one of the outputs :func:`_store` stores (those inside R × N) is NaN or ±inf."""
+    bad = False
+    if r < R:
+        if c < N and _nonfinite_bits(d0):
+            bad = True
+        if c + 1 < N and _nonfinite_bits(d1):
+            bad = True
+    if r + 8 < R:
+        if c < N and _nonfinite_bits(d2):
+            bad = True
+        if c + 1 < N and _nonfinite_bits(d3):
+            bad = True
+    return bad
 
 
 @cuda.jit(device=True, inline=True)
@@ -442,6 +466,7 @@ W16_MIN_ROWS = 33  # from this many rows the packed-X GEMM; fewer: linear_mma_vd
 def mma_pack_x_k(Xu, Xp, R):
     """Xp[r, j] = bf16(X[r, 2j]) | bf16(X[r, 2j+1]) << 16 for r < R (K % 8 == 0, rows aligned):
     one thread per 4 k (one 16-byte load, two words stored)."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     K = Xu.shape[1]
     kq = K >> 2
     i = cuda.grid(1)
@@ -630,33 +655,66 @@ V16_KT = 256  # k per stage
 V16_STAGES = 4  # stages of the ring (every X row count: ≤ 48 KB of shared memory)
 
 
-def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
+def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
     """The GEMV kernel staging xrows X rows (1, 2, 4, 8: up to that many rows; 16: up to 16) and a
-    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight)."""
+    warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight). ``pdl``: the first
+    stages' W copies are issued before ``pdl_wait()``, X's after it (launched with PDL: see
+    VD_PDL)."""
     assert xrows in (1, 2, 4, 8, 16) and stages >= 2 and kt % 256 == 0
     rows = xrows + 8  # X rows then W rows, per stage
     rw = kt // 2  # words per shared row
     words = stages * rows * rw
     wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
     xm = min(xrows, 8) - 1  # ldsm4's lane row lr reads X row lr & xm (rows past xrows: a copy, not stored)
+    npairs = kt // 32  # MMA step pairs a stage
+    ncopies = (rw // 128) * rows  # a lane's 16-byte copies a stage (issue)
+    per_pair = (ncopies + npairs - 1) // npairs  # issue_part: copies a pair of steps carries
+
+    @cuda.jit(device=True, inline=True)
+    def copy(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, h, r):
+        """Row r's chunk of half h of slice kt_ into stage st's buffer (rows X first, then the
+        warp's 8 W rows), from the byte offsets computed once (sx, sw: a row's chunk in stage
+        0's buffer; gx, gw: in the array, at k 0; rows past R or N clamped to the last one, whose
+        copy reaches only outputs that are not stored; no branch a row). Half h of a row's slice
+        (chunks 32h + lane) sits 128h words further on both sides: the swizzle (chunk ^ (row & 7))
+        does not reach bit 5."""
+        so = 4 * (st * rows * rw + 128 * h)  # bytes: the stage's buffer and the half
+        go = 4 * (kt_ * rw + 128 * h)
+        if r < xrows:
+            cp16b(sm, sx[r] + so, Xp, gx[r] + go, K2)
+        else:
+            cp16b(sm, sw[r - xrows] + so, Wp, gw[r - xrows] + go, K2)
 
     @cuda.jit(device=True, inline=True)
     def issue(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, lane):
         """Stage st ← slice kt_: this lane's 16-byte chunks of the block's X rows and of the warp's
-        8 W rows, from the byte offsets computed once (sx, sw: a row's chunk in stage 0's buffer;
-        gx, gw: in the array, at k 0; rows past R or N clamped to the last one, whose copy reaches
-        only outputs that are not stored; no branch a row), chunks past K not copied. Half h of a
-        row's slice (chunks 32h + lane) sits 128h words further on both sides: the swizzle
-        (chunk ^ (row & 7)) does not reach bit 5."""
+        8 W rows (:func:`copy`), chunks past K not copied."""
         for h in range(rw // 128):
-            kw = kt_ * rw + 128 * h + 4 * lane
-            if kw < K2:
-                so = 4 * (st * rows * rw + 128 * h)  # bytes: the stage's buffer and the half
-                go = 4 * (kt_ * rw + 128 * h)
-                for r in range(xrows):
-                    cp16b(sm, sx[r] + so, Xp, gx[r] + go, K2)
-                for r in range(8):
-                    cp16b(sm, sw[r] + so, Wp, gw[r] + go, K2)
+            if kt_ * rw + 128 * h + 4 * lane < K2:
+                for r in range(rows):
+                    copy(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, h, r)
+
+    @cuda.jit(device=True, inline=True)
+    def issue_rows(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, lane, lo, hi):
+        """:func:`issue`'s copies of rows lo .. hi - 1 only (X rows first, then the W rows)."""
+        for h in range(rw // 128):
+            if kt_ * rw + 128 * h + 4 * lane < K2:
+                for r in range(lo, hi):
+                    copy(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, h, r)
+
+    @cuda.jit(device=True, inline=True)
+    def issue_part(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, jj):
+        """The copies of :func:`issue` of a whole slice kt_ (every chunk below K: no check)
+        that pair jj of a stage carries: copy c (half c // rows, row c % rows) for c ≡ jj (mod
+        npairs). Spread over the stage's MMA pairs, a copy's address arithmetic (dependent integer
+        instructions) issues in the shadow of the MMA chain instead of in one block before it,
+        where the warp -- one a scheduler on the 2,048-output shapes -- had nothing else to
+        issue."""
+        for t in range(per_pair):
+            c = jj + t * npairs
+            if c < ncopies:  # constant once the stage's pairs unroll
+                h = c // rows
+                copy(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, h, c - h * rows)
 
     @cuda.jit(device=True, inline=True)
     def frags(sm, xe, xo, we, wo, jj, two, e1, e3, f1, f3):
@@ -686,8 +744,10 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
         return d0, d1, d2, d3
 
     @cuda.jit
-    def linear_mma_vd_k(Xp, Wp, outu, R):
-        """Xp: packed X [R, K/2]; Wp: bf16 W [N, K/2]."""
+    def linear_mma_vd_k(Xp, Wp, outu, R, flags, slot):
+        """Xp: packed X [R, K/2]; Wp: bf16 W [N, K/2]. ``flags`` (None: the plain GEMV, its
+        check compiled out): flags[slot] = 1 when an output stored is NaN or ±inf (``slot``
+        ≥ 0; the lm head's ``linear_flag``)."""
         N, K2 = Wp.shape
         K = 2 * K2
         sm = cuda.shared.array(words, np.uint32, alignment=16)
@@ -724,18 +784,33 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
             sw[r] = 4 * ((xrows + r) * rw + 4 * (lane ^ r))
             gw[r] = 4 * (min(o0 + r, N - 1) * K2 + 4 * lane)
         nst = (K2 + rw - 1) // rw
-        for p in range(stages - 1):
-            if p < nst:
-                issue(sm, Xp, Wp, p, p, sx, gx, sw, gw, K2, lane)
-            cp_commit()
+        if pdl:
+            # the weights are no earlier kernel's output: the first stages' W rows are copied
+            # while the kernel before this one (X's producer) may still run, X's rows once it is
+            # done. The groups: the first holds slice 0's X and every prefetched W row, slice p's
+            # X is group p -- so the loop's wait for group st finds slice st whole, as below.
+            for p in range(stages - 1):
+                if p < nst:
+                    issue_rows(sm, Xp, Wp, p, p, sx, gx, sw, gw, K2, lane, xrows, rows)
+            pdl_wait()
+            for p in range(stages - 1):
+                if p < nst:
+                    issue_rows(sm, Xp, Wp, p, p, sx, gx, sw, gw, K2, lane, 0, xrows)
+                cp_commit()
+        else:
+            for p in range(stages - 1):
+                if p < nst:
+                    issue(sm, Xp, Wp, p, p, sx, gx, sw, gw, K2, lane)
+                cp_commit()
         cb = 0  # the buffer of slice st (st % stages) and of slice st + stages - 1, kept as counters
         ib = stages - 1
         for st in range(nst):
             wait()  # every group but the newest stages - 2: slice st has landed
             syncwarp()  # ... for every lane; and buffer (st - 1) % stages is no longer read
-            if st + stages - 1 < nst:
-                issue(sm, Xp, Wp, ib, st + stages - 1, sx, gx, sw, gw, K2, lane)
-            cp_commit()
+            nxt = st + stages - 1  # the slice this stage's copies bring, into buffer ibn
+            more = nxt < nst
+            inl = more and (nxt + 1) * kt <= K  # a whole slice: its copies go between the MMA pairs
+            ibn = ib
             base = cb * rows
             cb = cb + 1 if cb + 1 < stages else 0
             ib = ib + 1 if ib + 1 < stages else 0
@@ -746,6 +821,8 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
             k0 = st * kt
             # pairs of steps: chunks 4jj .. 4jj + 3 of the rows = (k 0-7, 8-15) of steps 2jj, 2jj + 1
             if k0 + kt <= K:  # uniform: a whole stage, no step past K
+                if more and not inl:  # the last slice, part-filled: its copies first, checked
+                    issue(sm, Xp, Wp, ibn, nxt, sx, gx, sw, gw, K2, lane)
                 # software-pipelined: pair jj + 1's fragments are loaded before pair jj's MMAs, so
                 # the ldmatrix latency overlaps the MMA chain instead of adding to it
                 ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(sm, xe, xo, we, wo, 0, two,
@@ -756,23 +833,31 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES):
                     if jj + 1 < kt // 32:
                         ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(
                             sm, xe, xo, we, wo, jj + 1, two, ne1, ne3, nf1, nf3)
+                    if inl:  # uniform
+                        issue_part(sm, Xp, Wp, ibn, nxt, sx, gx, sw, gw, K2, jj)
                     d0, d1, d2, d3 = mma_bf16(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3)
                     d0, d1, d2, d3 = mma_bf16(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3)
             else:
+                if more:  # (a part-filled stage is the last: nothing after it to bring)
+                    issue(sm, Xp, Wp, ibn, nxt, sx, gx, sw, gw, K2, lane)
                 for jj in range(kt // 32):
                     if k0 + 32 * jj < K:  # uniform
                         e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1 = frags(sm, xe, xo, we, wo, jj, two,
                                                                                e1, e3, f1, f3)
                         d0, d1, d2, d3 = step(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3, k0 + 32 * jj, K)
                         d0, d1, d2, d3 = step(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3, k0 + 32 * jj + 16, K)
+            cp_commit()  # slice nxt's group (empty past the last slice: the wait above counts groups)
         _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
+        if flags is not None:
+            if slot >= 0 and _stored_nonfinite(r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3):
+                flags[slot] = 1
 
     return linear_mma_vd_k
 
 
-def _vd_named(xrows, kt=V16_KT, stages=V16_STAGES):
-    k = _vd_kernel(xrows, kt, stages)
-    name = f"linear_mma_vd{xrows}{'w' if kt != V16_KT else ''}_k"
+def _vd_named(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
+    k = _vd_kernel(xrows, kt, stages, pdl)
+    name = f"linear_mma_vd{xrows}{'w' if kt != V16_KT else ''}{'_pdl' if pdl else ''}_k"
     k.py_func.__name__ = k.py_func.__qualname__ = name  # in launch counts and profiles
     return k
 
@@ -789,6 +874,13 @@ VD_WIDE_KT = 512
 VD_WIDE_MAX_ROWS = 4  # 4 rows: 12 rows a stage, 4 stages of 12 KB = the 48 KB static limit
 VD_WIDE_MAX_N = 4096
 VD_WIDE = {x: _vd_named(x, kt=VD_WIDE_KT) for x in (1, 2, 4) if x <= VD_WIDE_MAX_ROWS}
+# With programmatic dependent launch (launch.pdl_on(): sm_90 on): the same GEMVs, launched with
+# the PDL attribute in a captured step, copy their first stages of W while X's producer -- which
+# calls pdl_trigger() first thing -- still runs (a decode step's producers are single- or
+# few-block kernels of 3-6 µs on bench-8l, each GEMV's first bytes ~1-2 µs away at its start).
+# The arithmetic is the plain kernels' (the same chain from the same shared words): the same bits.
+VD_PDL = {(x, kt): _vd_named(x, kt=kt, pdl=True) for x, kt in
+          [(x, V16_KT) for x in VD_KERNELS] + [(x, VD_WIDE_KT) for x in VD_WIDE]}
 linear_mma_vd8_k = VD_KERNELS[8]
 linear_mma_vd_k = VD_KERNELS[16]
 
@@ -812,32 +904,46 @@ def _packed_x(X, R, K):
     return Xp
 
 
-def _linear_w16(X, W, out, R):
-    """linear_mma_tc of bf16-resident W (uint16 [N, K])."""
+def _linear_w16(X, W, out, R, xp=None, flags=None, slot=-1):
+    """linear_mma_tc of bf16-resident W (uint16 [N, K]). ``xp``: X already packed by its producer
+    (uint32 [≥R, K/2], C-contiguous: no mma_pack_x_k launch), or None. ``flags``: the GEMV checks
+    each output it stores for NaN/Inf (flags[slot] = 1; the lm head's linear_flag). Returns
+    whether it did (the GEMV's shapes; the others leave the check to the caller)."""
     N, K = W.shape
-    vec = K % 8 == 0 and X.is_c_contiguous() and W.is_c_contiguous() and X.shape[1] == K and aligned(X) and aligned(W)
-    if vec and R >= W16_MIN_ROWS:
+    Xp = None  # X packed: its producer's (rows past R are never read: the kernels clamp or skip them), or here
+    if K % 8 == 0 and W.is_c_contiguous() and aligned(W):
+        if xp is not None and xp.is_c_contiguous() and xp.shape[1] * 2 == K and aligned(xp):
+            Xp = xp
+        elif X.is_c_contiguous() and X.shape[1] == K and aligned(X):
+            Xp = _packed_x(X, R, K)
+    if Xp is not None and R >= W16_MIN_ROWS:
         launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), linear_mma_g16_k.threads,
-               _packed_x(X, R, K),
-               W.view(np.uint32), out.view(np.uint32), R)
-    elif vec:
-        launch((VD_WIDE if vd_wide(R, N) else VD_KERNELS)[vd_rows(R)], ((N + 7) // 8, (R + 15) // 16), 32,
-               _packed_x(X, R, K), W.view(np.uint32), out.view(np.uint32), R)
+               Xp, W.view(np.uint32), out.view(np.uint32), R)
+    elif Xp is not None:
+        wide, x = vd_wide(R, N), vd_rows(R)
+        pdl = pdl_on()
+        k = VD_PDL[(x, VD_WIDE_KT if wide else V16_KT)] if pdl else (VD_WIDE if wide else VD_KERNELS)[x]
+        launch(k, ((N + 7) // 8, (R + 15) // 16), 32, Xp, W.view(np.uint32), out.view(np.uint32), R, flags, slot,
+               pdl=pdl)
+        return flags is not None
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)
         wpb = 1 if tiles < TC_SPREAD_TILES else TC_WARPS
         launch(linear_mma_tc_k, (tiles + wpb - 1) // wpb, 32 * wpb, X.view(np.uint32), W, out.view(np.uint32), R)
+    return False
 
 
 TC_WARPS = 4  # warps (output tiles) per block
 TC_SPREAD_TILES = 4096  # fewer output tiles than this: one warp per block, spread over the SMs
 
 
-def linear_mma_tc(X, W, out, R):
+def linear_mma_tc(X, W, out, R, xp=None):
     """exact-bf16 linear on the tensor cores (see the module docstring); the twin's signature. Rows
-    of 16-byte-aligned length (K % 4 == 0, C-contiguous) take the vectorised kernel."""
+    of 16-byte-aligned length (K % 4 == 0, C-contiguous) take the vectorised kernel. ``xp``: X's
+    bf16 pairs as its producer packed them (the twin's contract: the same values as X's), read
+    by the kernels of bf16-resident W that take X packed; the others read X."""
     if W.dtype == np.uint16:
-        _linear_w16(X, W, out, R)
+        _linear_w16(X, W, out, R, xp)
         return
     N, K = W.shape
     tiles = ((R + 15) // 16) * ((N + 7) // 8)
@@ -855,11 +961,28 @@ def linear_mma_tc(X, W, out, R):
            W.view(np.uint32), out.view(np.uint32), R)
 
 
+def linear_flag_mma_tc(X, W, out, R, flags, slot, xp=None):
+    """exact-bf16 ``linear_flag`` (the lm head): :func:`linear_mma_tc`, and flags[slot] = 1 when
+    an output is NaN or ±inf -- checked by the bf16 GEMV as it stores each output (one launch:
+    what lets a captured step's lm head store its logits straight into mapped host memory, read
+    back by no kernel), else by ``nonfinite_flag`` after the GEMM (the other shapes and kernels)."""
+    if W.dtype == np.uint16:
+        checked = _linear_w16(X, W, out, R, xp, flags, slot)
+    else:
+        checked = False
+        linear_mma_tc(X, W, out, R, xp)
+    if not checked and R > 0:
+        nonfinite_flag_cuda(out, R, flags, slot)
+
+
 def compile_ptx_sm90(kernel=None) -> str:
     """A kernel's PTX for sm_90 (no GPU needed; default ``linear_mma_tc_k``): for ``ptxas
-    -arch=sm_90`` and the SASS check."""
+    -arch=sm_90`` and the SASS check (the GEMV kernels' plain form: flags None)."""
+    fn = (kernel or linear_mma_tc_k).py_func
     sig = (types.uint32[:, ::1], types.uint32[:, ::1], types.uint32[:, ::1], types.int64)
-    ptx, _ = cuda.compile_ptx((kernel or linear_mma_tc_k).py_func, sig, cc=(9, 0))
+    if fn.__code__.co_argcount == 6:  # linear_mma_vd*_k: flags, slot
+        sig += (types.none, types.int64)
+    ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
     return ptx
 
 
@@ -1271,6 +1394,11 @@ def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
 # of a warp's instructions, and a decode call took ~55 µs on the H200 against ~10 for the float32
 # mode's kernel: receipts/probes/README.md). The same words, so the same bits. Head dims past
 # SK_Q_MAX_D take the other exact-bf16 kernels (attention_mma_gpu).
+# P·V's n-tiles may be split over SK_VSPLIT blocks per (tile, KV head, group, row): each runs the
+# same QKᵀ and tile statistics (the same bits; the first writes (mt, lt)) and the P·V chains of
+# its share of the columns -- more, shorter blocks for a decode row's few tiles, the same chain
+# for every output. tools/probe_attn_sk.py --vsplit times each split count.
+SK_VSPLIT = 1
 SK_WARPS = ATT_TILE // 8  # a warp per 8-key n-tile of QKᵀ
 SK_QK_STEPS = 4  # QKᵀ steps whose fragments are loaded together
 _SK_FR = 6 * SK_QK_STEPS  # their words a lane
@@ -1278,129 +1406,155 @@ SK_Q_MAX_D = 256  # head_dim up to this: sQ holds a row's D rounded up to 64, in
 _SK_QW = SK_Q_MAX_D // 2 + 4  # sQ's row stride (words): rows g and g + 1 four banks apart
 
 
-@cuda.jit
-def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
-    t = cuda.blockIdx.x
-    r = cuda.blockIdx.z
-    rep = hq // hkv
-    hg = (rep + 15) >> 4  # head groups per KV head
-    kvh = cuda.blockIdx.y // hg
-    h0 = (cuda.blockIdx.y - kvh * hg) * 16  # the group's first head, relative to the KV head's
-    pos = start + pb[0] + r
-    k0 = t * ATT_TILE
-    if k0 > pos:  # uniform over the block: a tile past the row's position
-        return
-    n = min(ATT_TILE, pos + 1 - k0)
-    cap = Ku.shape[0]
-    tid = cuda.threadIdx.x
-    w = tid >> 5
-    lane = tid & 31
-    g = lane >> 2
-    q = lane & 3
-    sS = cuda.shared.array((16, _SST), np.float32)
-    sM = cuda.shared.array(16, np.float32)
-    sQ = cuda.shared.array((16, _SK_QW), np.uint32)
-    va = h0 + g < rep
-    vb = h0 + g + 8 < rep
-    ko = kvh * D
-    # 0. the group's head rows as bf16 pairs: sQ[m, j] = dims 2j, 2j + 1 of head h0 + m (+0 for
-    # heads past the group's and dims past D), j up to D rounded up to 64 (the steps' reach)
-    jw = ((D + 63) >> 6) << 5
-    q0 = (kvh * rep + h0) * D
-    for x in range(tid, 16 * jw, 32 * SK_WARPS):
-        m = x // jw
-        j = x - m * jw
-        sQ[m, j] = _pair(Qu, r, q0 + m * D + 2 * j, h0 + m < rep, 2 * j, D)
-    cuda.syncthreads()
-    # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it), the
-    # fragments of SK_QK_STEPS steps loaded together before their MMAs (one memory latency a
-    # group, not a step; loads past head_dim come from clamped addresses and are +0)
-    if 8 * w < n:
-        s0 = np.uint32(0)
-        s1 = np.uint32(0)
-        s2 = np.uint32(0)
-        s3 = np.uint32(0)
-        key0 = k0 + 8 * w + g
-        fr = cuda.local.array(_SK_FR, np.uint32)
-        for st0 in range(0, D, 16 * SK_QK_STEPS):
-            for i in range(SK_QK_STEPS):
-                d0 = st0 + 16 * i + 2 * q
-                d2 = d0 + 8
-                w0 = d0 >> 1
-                fr[6 * i] = sQ[g, w0]
-                fr[6 * i + 1] = sQ[g + 8, w0]
-                fr[6 * i + 2] = sQ[g, w0 + 4]
-                fr[6 * i + 3] = sQ[g + 8, w0 + 4]
-                fr[6 * i + 4] = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
-                fr[6 * i + 5] = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
-            for i in range(SK_QK_STEPS):
-                if st0 + 16 * i < D:  # uniform: no step past head_dim
-                    s0, s1, s2, s3 = mma_bf16(fr[6 * i], fr[6 * i + 1], fr[6 * i + 2], fr[6 * i + 3],
-                                              fr[6 * i + 4], fr[6 * i + 5], s0, s1, s2, s3)
-        j = 8 * w + 2 * q
-        sS[g, j] = fmul(_u2f(s0), scale)
-        sS[g, j + 1] = fmul(_u2f(s1), scale)
-        sS[g + 8, j] = fmul(_u2f(s2), scale)
-        sS[g + 8, j + 1] = fmul(_u2f(s3), scale)
-    cuda.syncthreads()
-    # 2. each head row's tile max, in key order
-    if tid < 16:
-        sM[tid] = _row_max(sS[tid], n)
-    cuda.syncthreads()
-    # 3. p = exp32(s − mt), +0 past the row's keys
-    for x in range(tid, 16 * ATT_TILE, 32 * SK_WARPS):
-        m = x // ATT_TILE
-        j = x - m * ATT_TILE
-        sS[m, j] = exp32(sS[m, j] - sM[m]) if j < n else ZERO
-    cuda.syncthreads()
-    # 4. Σp in key order and (mt, lt) out, one thread per head row
-    if tid < 16 and h0 + tid < rep:
-        lt = _row_sum(sS[tid], n)
-        vg = r * hq + kvh * rep + h0 + tid
-        ML[vg, t, 0] = sM[tid]
-        ML[vg, t, 1] = lt
-    # 5. P·V: P's A fragments (bf16 of p), then warp w's n-tiles of 8 columns
-    nsteps = (n + 15) >> 4
-    P = cuda.local.array(16, np.uint32)  # key step s: P[4s .. 4s+3] = its (a0, a1, a2, a3)
-    for s4 in range(4):
-        for hh in range(2):  # keys 16s + 8hh + 2q (+1) of head rows g and g + 8
-            j = 16 * s4 + 8 * hh + 2 * q
-            P[4 * s4 + 2 * hh] = _pack(_f2u(sS[g, j]), _f2u(sS[g, j + 1]))
-            P[4 * s4 + 2 * hh + 1] = _pack(_f2u(sS[g + 8, j]), _f2u(sS[g + 8, j + 1]))
-    klim = k0 + n
-    kq = k0 + 2 * q
-    vga = r * hq + kvh * rep + h0 + g
-    nt = (D + 7) >> 3
-    vf = cuda.local.array(16, np.uint32)  # two n-tiles' V words: [8e + 2s4 + hh]
-    for u0 in range(w, nt, 2 * SK_WARPS):  # n-tiles u0 and u0 + SK_WARPS: their 16 loads issued together
-        for e in range(2):
-            col = 8 * (u0 + e * SK_WARPS) + g  # this lane's B column (past D: clamped, +0)
-            for s4 in range(4):
-                vf[8 * e + 2 * s4] = _vpair(Vu, kq + 16 * s4, ko, col, klim, D)
-                vf[8 * e + 2 * s4 + 1] = _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D)
-        for e in range(2):
-            u = u0 + e * SK_WARPS
-            if u < nt:  # uniform
-                c0 = np.uint32(0)
-                c1 = np.uint32(0)
-                c2 = np.uint32(0)
-                c3 = np.uint32(0)
+def _sk_kernel(vs):
+    """attention_mma_sk_k with P·V's n-tiles split over ``vs`` blocks (a constant of the build:
+    vs = 1 is the one-block kernel, with no share arithmetic left in it)."""
+    @cuda.jit
+    def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
+        t = cuda.blockIdx.x
+        r = cuda.blockIdx.z
+        rep = hq // hkv
+        hg = (rep + 15) >> 4  # head groups per KV head
+        yg = cuda.blockIdx.y // vs  # (KV head, group); the block's share of P·V's n-tiles: sp of vs
+        sp = cuda.blockIdx.y - yg * vs
+        kvh = yg // hg
+        h0 = (yg - kvh * hg) * 16  # the group's first head, relative to the KV head's
+        pos = start + pb[0] + r
+        k0 = t * ATT_TILE
+        if k0 > pos:  # uniform over the block: a tile past the row's position
+            return
+        n = min(ATT_TILE, pos + 1 - k0)
+        cap = Ku.shape[0]
+        tid = cuda.threadIdx.x
+        w = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        q = lane & 3
+        sS = cuda.shared.array((16, _SST), np.float32)
+        sM = cuda.shared.array(16, np.float32)
+        sQ = cuda.shared.array((16, _SK_QW), np.uint32)
+        va = h0 + g < rep
+        vb = h0 + g + 8 < rep
+        ko = kvh * D
+        # 0. the group's head rows as bf16 pairs: sQ[m, j] = dims 2j, 2j + 1 of head h0 + m (+0 for
+        # heads past the group's and dims past D), j up to D rounded up to 64 (the steps' reach)
+        jw = ((D + 63) >> 6) << 5
+        q0 = (kvh * rep + h0) * D
+        for x in range(tid, 16 * jw, 32 * SK_WARPS):
+            m = x // jw
+            j = x - m * jw
+            sQ[m, j] = _pair(Qu, r, q0 + m * D + 2 * j, h0 + m < rep, 2 * j, D)
+        cuda.syncthreads()
+        # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it), the
+        # fragments of SK_QK_STEPS steps loaded together before their MMAs (one memory latency a
+        # group, not a step; loads past head_dim come from clamped addresses and are +0)
+        if 8 * w < n:
+            s0 = np.uint32(0)
+            s1 = np.uint32(0)
+            s2 = np.uint32(0)
+            s3 = np.uint32(0)
+            key0 = k0 + 8 * w + g
+            fr = cuda.local.array(_SK_FR, np.uint32)
+            for st0 in range(0, D, 16 * SK_QK_STEPS):
+                for i in range(SK_QK_STEPS):
+                    d0 = st0 + 16 * i + 2 * q
+                    d2 = d0 + 8
+                    w0 = d0 >> 1
+                    fr[6 * i] = sQ[g, w0]
+                    fr[6 * i + 1] = sQ[g + 8, w0]
+                    fr[6 * i + 2] = sQ[g, w0 + 4]
+                    fr[6 * i + 3] = sQ[g + 8, w0 + 4]
+                    fr[6 * i + 4] = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
+                    fr[6 * i + 5] = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
+                for i in range(SK_QK_STEPS):
+                    if st0 + 16 * i < D:  # uniform: no step past head_dim
+                        s0, s1, s2, s3 = mma_bf16(fr[6 * i], fr[6 * i + 1], fr[6 * i + 2], fr[6 * i + 3],
+                                                  fr[6 * i + 4], fr[6 * i + 5], s0, s1, s2, s3)
+            j = 8 * w + 2 * q
+            sS[g, j] = fmul(_u2f(s0), scale)
+            sS[g, j + 1] = fmul(_u2f(s1), scale)
+            sS[g + 8, j] = fmul(_u2f(s2), scale)
+            sS[g + 8, j + 1] = fmul(_u2f(s3), scale)
+        cuda.syncthreads()
+        # 2. each head row's tile max, in key order
+        if tid < 16:
+            sM[tid] = _row_max(sS[tid], n)
+        cuda.syncthreads()
+        # 3. p = exp32(s − mt), +0 past the row's keys
+        for x in range(tid, 16 * ATT_TILE, 32 * SK_WARPS):
+            m = x // ATT_TILE
+            j = x - m * ATT_TILE
+            sS[m, j] = exp32(sS[m, j] - sM[m]) if j < n else ZERO
+        cuda.syncthreads()
+        # 4. Σp in key order and (mt, lt) out, one thread per head row (of the first share's block)
+        if tid < 16 and h0 + tid < rep and sp == 0:
+            lt = _row_sum(sS[tid], n)
+            vg = r * hq + kvh * rep + h0 + tid
+            ML[vg, t, 0] = sM[tid]
+            ML[vg, t, 1] = lt
+        # 5. P·V: P's A fragments (bf16 of p), then warp w's n-tiles of 8 columns
+        nsteps = (n + 15) >> 4
+        P = cuda.local.array(16, np.uint32)  # key step s: P[4s .. 4s+3] = its (a0, a1, a2, a3)
+        for s4 in range(4):
+            for hh in range(2):  # keys 16s + 8hh + 2q (+1) of head rows g and g + 8
+                j = 16 * s4 + 8 * hh + 2 * q
+                P[4 * s4 + 2 * hh] = _pack(_f2u(sS[g, j]), _f2u(sS[g, j + 1]))
+                P[4 * s4 + 2 * hh + 1] = _pack(_f2u(sS[g + 8, j]), _f2u(sS[g + 8, j + 1]))
+        klim = k0 + n
+        kq = k0 + 2 * q
+        vga = r * hq + kvh * rep + h0 + g
+        nt = (D + 7) >> 3
+        per = (nt + vs - 1) // vs  # this block's n-tiles: ulo .. uhi - 1
+        ulo = sp * per
+        uhi = min(nt, ulo + per)
+        vf = cuda.local.array(16, np.uint32)  # two n-tiles' V words: [8e + 2s4 + hh]
+        for u0 in range(ulo + w, uhi, 2 * SK_WARPS):  # n-tiles u0 and u0 + SK_WARPS: their 16 loads issued together
+            for e in range(2):
+                col = 8 * (u0 + e * SK_WARPS) + g  # this lane's B column (past D: clamped, +0)
                 for s4 in range(4):
-                    if s4 < nsteps:  # uniform
-                        c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
-                                                  vf[8 * e + 2 * s4], vf[8 * e + 2 * s4 + 1], c0, c1, c2, c3)
-                cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
-                if va:
-                    if cc < D:
-                        A[vga, t, cc] = _u2f(c0)
-                    if cc + 1 < D:
-                        A[vga, t, cc + 1] = _u2f(c1)
-                if vb:
-                    if cc < D:
-                        A[vga + 8, t, cc] = _u2f(c2)
-                    if cc + 1 < D:
-                        A[vga + 8, t, cc + 1] = _u2f(c3)
+                    vf[8 * e + 2 * s4] = _vpair(Vu, kq + 16 * s4, ko, col, klim, D)
+                    vf[8 * e + 2 * s4 + 1] = _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D)
+            for e in range(2):
+                u = u0 + e * SK_WARPS
+                if u < uhi:  # uniform
+                    c0 = np.uint32(0)
+                    c1 = np.uint32(0)
+                    c2 = np.uint32(0)
+                    c3 = np.uint32(0)
+                    for s4 in range(4):
+                        if s4 < nsteps:  # uniform
+                            c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
+                                                      vf[8 * e + 2 * s4], vf[8 * e + 2 * s4 + 1], c0, c1, c2, c3)
+                    cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
+                    if va:
+                        if cc < D:
+                            A[vga, t, cc] = _u2f(c0)
+                        if cc + 1 < D:
+                            A[vga, t, cc + 1] = _u2f(c1)
+                    if vb:
+                        if cc < D:
+                            A[vga + 8, t, cc] = _u2f(c2)
+                        if cc + 1 < D:
+                            A[vga + 8, t, cc + 1] = _u2f(c3)
 
+
+    if vs != 1:
+        attention_mma_sk_k.py_func.__name__ = attention_mma_sk_k.py_func.__qualname__ = f"attention_mma_sk_v{vs}_k"
+    return attention_mma_sk_k
+
+
+SK_KERNELS: dict = {}
+
+
+def sk_kernel(vs):
+    """The split-KV kernel of ``vs`` P·V shares (built once)."""
+    k = SK_KERNELS.get(vs)
+    if k is None:
+        k = SK_KERNELS[vs] = _sk_kernel(vs)
+    return k
+
+
+attention_mma_sk_k = sk_kernel(1)
 
 @cuda.jit(device=True, inline=True)
 def _vpair(Vu, key, ko, col, klim, D):
@@ -1428,7 +1582,8 @@ def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     ML = scratch("attention_mma.ml", 2 * need)[:2 * need].reshape(R * hq, ntiles, 2)
     A = scratch("attention_mma.a", need * D)[:need * D].reshape(R * hq, ntiles, D)
     pb = zero_pos() if pos is None else pos
-    launch(attention_mma_sk_k, (ntiles, hkv * ((rep + 15) // 16), R), 32 * SK_WARPS, Q.view(np.uint32),
+    vs = max(1, min(int(SK_VSPLIT), (D + 7) >> 3))
+    launch(sk_kernel(vs), (ntiles, hkv * ((rep + 15) // 16) * vs, R), 32 * SK_WARPS, Q.view(np.uint32),
            kc.view(np.uint32), vc.view(np.uint32), np.int64(start), pb, np.int64(hq), np.int64(hkv), np.int64(D),
            np.float32(scale), ML, A)
     launch(generated(attention_merge_source, None), (R, hq, (D + ATT_MERGE_NT - 1) // ATT_MERGE_NT), ATT_MERGE_NT,

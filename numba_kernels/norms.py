@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from .elementwise import nonfinite
+from .mma_gemm import PACK_ERROR, bf16_pair, pack_span
 from .exact import F32, ONE, SLICE, ZERO, add_partials, dot_rows, fma_chain, silu32
-from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, sqrt32, twin
+from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, pdl_trigger, sqrt32, twin
 
 NORM_THREADS = 128  # a head norm's block: heads of 64-256 values (block_size: 32 under the simulator)
 RMS_THREADS = 512  # rmsnorm's block: a row, few outputs per thread (block_size: 32 under the simulator)
@@ -140,10 +141,33 @@ def norm_span(X, r, xo, n, w, inv, out, oo, i0, step):
 
 
 @body
+def norm_pairs(X, r, n, w, inv, out, oo, xp, i0, step):
+    """:func:`norm_span`'s outputs of row r (X from column 0) two at a time -- the pairs (2i, 2i + 1)
+    for i in range(i0, n/2, step) -- each pair also packed into xp[r, oo/2 + i] (:func:`bf16_pair`):
+    the packed output in the same pass, no barrier and no second read (oo and n even)."""
+    ru, ou, ju, su = np.uint64(r), np.uint64(oo), np.uint64(oo >> 1), np.uint64(step)
+    i = np.uint64(i0)
+    while i < np.uint64(n >> 1):
+        k = i + i
+        o0 = norm_val(X[ru, k], inv, w[k])
+        o1 = norm_val(X[ru, k + np.uint64(1)], inv, w[k + np.uint64(1)])
+        out[ru, ou + k] = o0
+        out[ru, ou + k + np.uint64(1)] = o1
+        xp[ru, ju + i] = bf16_pair(o0, o1)
+        i += su
+
+
+@body
 def norm_head(X, xo, D, w, eps, out, r, h):
     """Head h of row r: X[r, xo + h·D : …] normalised into out[r, h·D : (h+1)·D]."""
     off = xo + h * D
     norm_span(X, r, off, D, w, rms_inv(X, r, off, D, eps), out, h * D, 0, 1)
+
+
+@body
+def gated_val(x, inv, w, z):
+    """One gated norm output: x·inv·w·silu(z)."""
+    return fmul(fmul(fmul(x, inv), w), silu32(z))
 
 
 @body
@@ -154,8 +178,28 @@ def gated_span(X, Z, zo, D, w, inv, out, r, h, i0, step):
     zc = np.uint64(zo + h * D)
     i = np.uint64(i0)
     while i < np.uint64(D):  # unsigned: no negative-index wrap code (see conv_at)
-        out[ru, o + i] = fmul(fmul(fmul(X[ru, o + i], inv), w[i]), silu32(Z[ru, zc + i]))
+        out[ru, o + i] = gated_val(X[ru, o + i], inv, w[i], Z[ru, zc + i])
         i += np.uint64(step)
+
+
+@body
+def gated_pairs(X, Z, zo, D, w, inv, out, xp, r, h, i0, step):
+    """:func:`gated_span`'s outputs two at a time (the head's pairs (2i, 2i + 1), i in
+    range(i0, D/2, step)), each pair also packed into xp (:func:`bf16_pair`; D even)."""
+    ru, su = np.uint64(r), np.uint64(step)
+    o = np.uint64(h * D)
+    zc = np.uint64(zo + h * D)
+    j0 = np.uint64((h * D) >> 1)
+    i = np.uint64(i0)
+    while i < np.uint64(D >> 1):
+        k = i + i
+        k1 = k + np.uint64(1)
+        v0 = gated_val(X[ru, o + k], inv, w[k], Z[ru, zc + k])
+        v1 = gated_val(X[ru, o + k1], inv, w[k1], Z[ru, zc + k1])
+        out[ru, o + k] = v0
+        out[ru, o + k1] = v1
+        xp[ru, j0 + i] = bf16_pair(v0, v1)
+        i += su
 
 
 @body
@@ -165,27 +209,42 @@ def gated_norm_head(X, Z, zo, D, w, eps, out, r, h):
 
 
 @twin("rmsnorm")
-def rmsnorm_cpu(X, w, eps, out, oo, R):
-    """Zero-centred RMSNorm over rows of X: [≥R, N]: out[r, oo + i] = x·inv·(1 + w)."""
+def rmsnorm_cpu(X, w, eps, out, oo, R, xp=None):
+    """Zero-centred RMSNorm over rows of X: [≥R, N]: out[r, oo + i] = x·inv·(1 + w). ``xp``
+    (optional, uint32 [≥R, ≥(oo + N)/2]; oo and N even): each output pair's bf16 bits packed
+    there too (:func:`pack_span`: exact-bf16's GEMM input, no packing launch of its own)."""
     N = X.shape[1]
+    if xp is not None:
+        if oo % 2 != 0 or N % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < oo + N:
+            raise ValueError(PACK_ERROR)
     for r in range(R):
         norm_span(X, r, 0, N, w, rms_inv(X, r, 0, N, eps), out, oo, 0, 1)
+        if xp is not None:
+            pack_span(out, r, oo, N, xp, 0, 1)
 
 
 @kernel
-def rmsnorm_k(X, w, eps, out, oo, R):
-    """One block per row (:func:`block_sumsq`)."""
+def rmsnorm_k(X, w, eps, out, oo, R, xp):
+    """One block per row (:func:`block_sumsq`); with ``xp`` (None: not) the outputs a pair a
+    thread at a time, each pair packed as it is stored (:func:`norm_pairs`)."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     r = cuda.blockIdx.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
     inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    if xp is None:
+        norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    else:
+        norm_pairs(X, r, N, w, inv, out, oo, xp, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("rmsnorm")
-def rmsnorm_cuda(X, w, eps, out, oo, R):
+def rmsnorm_cuda(X, w, eps, out, oo, R, xp=None):
     """One block per row."""
-    launch(rmsnorm_k, R, block_size(RMS_THREADS), X, w, F32(eps), out, oo, R)
+    if xp is not None:
+        if oo % 2 != 0 or X.shape[1] % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < oo + X.shape[1]:
+            raise ValueError(PACK_ERROR)
+    launch(rmsnorm_k, R, block_size(RMS_THREADS), X, w, F32(eps), out, oo, R, xp)
 
 
 @body
@@ -231,23 +290,29 @@ def add_span4(X, D, r, i0, n, step):
 
 
 @twin("add_rmsnorm")
-def add_rmsnorm_cpu(X, D, w, eps, out, oo, R, flags, slot):
+def add_rmsnorm_cpu(X, D, w, eps, out, oo, R, flags, slot, xp=None):
     """The residual add and the RMSNorm after it, in one op: X[r] += D[r] (in place), then
     out[r, oo + i] = rmsnorm(X[r]) -- the same operations as ``add`` then ``rmsnorm``. With
     ``slot >= 0``, also ``nonfinite_flag(X, R, flags, slot)`` on the sums (``flags[slot] = 1``
-    when one is NaN or ±inf); ``slot < 0`` leaves ``flags`` alone."""
+    when one is NaN or ±inf); ``slot < 0`` leaves ``flags`` alone. ``xp``: as rmsnorm's."""
     N = X.shape[1]
+    if xp is not None:
+        if oo % 2 != 0 or N % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < oo + N:
+            raise ValueError(PACK_ERROR)
     for r in range(R):
         if add_span(X, D, r, 0, N, 1) and slot >= 0:
             flags[slot] = 1
         norm_span(X, r, 0, N, w, rms_inv(X, r, 0, N, eps), out, oo, 0, 1)
+        if xp is not None:
+            pack_span(out, r, oo, N, xp, 0, 1)
 
 
 @kernel
-def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot):
+def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot, xp):
     """One block per row: the add (each thread its share, raising the flag on a non-finite sum,
     then a barrier: the block's global writes are visible to all its threads after it), then
-    :func:`block_sumsq` as in rmsnorm."""
+    :func:`block_sumsq` and the outputs (and ``xp``'s pairs) as in rmsnorm_k."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     r = cuda.blockIdx.x
     ps = cuda.shared.array(PS_WORDS, np.float32)
     N = X.shape[1]
@@ -255,13 +320,19 @@ def add_rmsnorm_k(X, D, w, eps, out, oo, R, flags, slot):
         flags[slot] = 1
     barrier()
     inv = rms_scale(block_sumsq(X, r, 0, N, ps, cuda.threadIdx.x, cuda.blockDim.x), N, eps)
-    norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    if xp is None:
+        norm_span4(X, r, 0, N, w, inv, out, oo, cuda.threadIdx.x, cuda.blockDim.x)
+    else:
+        norm_pairs(X, r, N, w, inv, out, oo, xp, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("add_rmsnorm")
-def add_rmsnorm_cuda(X, D, w, eps, out, oo, R, flags, slot):
+def add_rmsnorm_cuda(X, D, w, eps, out, oo, R, flags, slot, xp=None):
     """One block per row."""
-    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R, flags, slot)
+    if xp is not None:
+        if oo % 2 != 0 or X.shape[1] % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < oo + X.shape[1]:
+            raise ValueError(PACK_ERROR)
+    launch(add_rmsnorm_k, R, block_size(RMS_THREADS), X, D, w, F32(eps), out, oo, R, flags, slot, xp)
 
 
 @twin("head_rmsnorm")
@@ -292,26 +363,40 @@ def head_rmsnorm_cuda(X, xo, heads, D, w, eps, out, R):
 
 
 @twin("gated_rmsnorm")
-def gated_rmsnorm_cpu(X, Z, zo, heads, D, w, eps, out, R):
-    """Per head h: out[r, h·D + i] = x·inv·w[i]·silu(Z[r, zo + h·D + i]) over X[r, h·D : (h+1)·D]."""
+def gated_rmsnorm_cpu(X, Z, zo, heads, D, w, eps, out, R, xp=None):
+    """Per head h: out[r, h·D + i] = x·inv·w[i]·silu(Z[r, zo + h·D + i]) over X[r, h·D : (h+1)·D].
+    ``xp`` (optional, uint32 [≥R, ≥heads·D/2]; D even): the pairs packed as rmsnorm's."""
+    if xp is not None:
+        if D % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < heads * D:
+            raise ValueError(PACK_ERROR)
     for r in range(R):
         for h in range(heads):
             gated_norm_head(X, Z, zo, D, w, eps, out, r, h)
+            if xp is not None:
+                pack_span(out, r, h * D, D, xp, 0, 1)
 
 
 @kernel
-def gated_rmsnorm_k(X, Z, zo, heads, D, w, eps, out, R):
-    """One block per (row, head) (:func:`block_sumsq`)."""
+def gated_rmsnorm_k(X, Z, zo, heads, D, w, eps, out, R, xp):
+    """One block per (row, head) (:func:`block_sumsq`); with ``xp`` (None: not) a pair a thread
+    at a time, packed as stored (:func:`gated_pairs`)."""
+    pdl_trigger()  # a GEMV launched with PDL after this kernel may start now (launch.launch)
     b = cuda.blockIdx.x
     r = b // heads
     h = b - r * heads
     ps = cuda.shared.array(PS_WORDS, np.float32)
     inv = rms_scale(block_sumsq(X, r, h * D, D, ps, cuda.threadIdx.x, cuda.blockDim.x), D, eps)
-    gated_span(X, Z, zo, D, w, inv, out, r, h, cuda.threadIdx.x, cuda.blockDim.x)
+    if xp is None:
+        gated_span(X, Z, zo, D, w, inv, out, r, h, cuda.threadIdx.x, cuda.blockDim.x)
+    else:
+        gated_pairs(X, Z, zo, D, w, inv, out, xp, r, h, cuda.threadIdx.x, cuda.blockDim.x)
 
 
 @launcher("gated_rmsnorm")
-def gated_rmsnorm_cuda(X, Z, zo, heads, D, w, eps, out, R):
+def gated_rmsnorm_cuda(X, Z, zo, heads, D, w, eps, out, R, xp=None):
     """One block per (row, head)."""
+    if xp is not None:
+        if D % 2 != 0 or xp.shape[0] < R or 2 * xp.shape[1] < heads * D:
+            raise ValueError(PACK_ERROR)
     if R * heads:
-        launch(gated_rmsnorm_k, R * heads, block_size(NORM_THREADS), X, Z, zo, heads, D, w, F32(eps), out, R)
+        launch(gated_rmsnorm_k, R * heads, block_size(NORM_THREADS), X, Z, zo, heads, D, w, F32(eps), out, R, xp)

@@ -31,7 +31,7 @@ plus the memory primitives of :mod:`numba_kernels.intrin`.
 argument fixed (the scalar maps share one twin and one kernel).
 
 The names a source uses that each target binds differently -- ``fma``, ``fmul``, ``sqrt32``,
-``bits_to_f32``, ``widen``, ``wbits``, ``barrier``, ``syncwarp``, ``prange``, ``cuda``, ``launch``, ``grid1``,
+``bits_to_f32``, ``widen``, ``wbits``, ``barrier``, ``syncwarp``, ``pdl_trigger``, ``prange``, ``cuda``, ``launch``, ``pdl_on``, ``grid1``,
 ``block_size``, ``zero_pos``, ``scratch``, ``zero_buffer``, ``generated``, ``aligned`` -- are imported from here, where they only stand for the target's.
 :func:`build` clones every tagged function into one namespace per target (``types.FunctionType``
 on the same code object) holding that target's primitives, every family's UPPER_CASE constants
@@ -41,6 +41,8 @@ front door, raises.
 
 from __future__ import annotations
 
+import builtins
+import dis
 import inspect
 import math
 import types
@@ -109,10 +111,11 @@ class _Unbound:
         return f"<unbound {self.name}>"
 
 
-TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "wbits", "barrier", "syncwarp", "prange", "cuda", "launch",
-                "grid1", "block_size", "zero_pos", "scratch", "zero_buffer", "generated", "aligned")
-(fma, fmul, sqrt32, bits_to_f32, widen, wbits, barrier, syncwarp, prange, cuda, launch, grid1, block_size, zero_pos, scratch,
- zero_buffer, generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
+TARGET_NAMES = ("fma", "fmul", "sqrt32", "bits_to_f32", "widen", "wbits", "barrier", "syncwarp", "pdl_trigger", "prange",
+                "cuda", "launch", "pdl_on", "grid1", "block_size", "zero_pos", "scratch", "zero_buffer", "generated",
+                "aligned")
+(fma, fmul, sqrt32, bits_to_f32, widen, wbits, barrier, syncwarp, pdl_trigger, prange, cuda, launch, pdl_on, grid1,
+ block_size, zero_pos, scratch, zero_buffer, generated, aligned) = (_Unbound(n) for n in TARGET_NAMES)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,6 +164,21 @@ def constants(modules) -> dict:
                 raise ValueError(f"{m.__name__}.{k} = {v!r} is not the {k} of another family: import it")
             out[k] = v
     return out
+
+
+def unbound_names(f) -> list:
+    """The global names ``f`` (and the functions nested in it) loads that neither its globals nor
+    the builtins hold: for a function cloned into a target's namespace, the names that would
+    raise ``NameError`` when the line runs (tests/test_launch_args.py checks every launcher)."""
+    def loads(code):
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                yield ins.argval
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                yield from loads(c)
+
+    return sorted(n for n in set(loads(f.__code__)) if n not in f.__globals__ and not hasattr(builtins, n))
 
 
 def clone(f, ns):

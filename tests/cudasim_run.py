@@ -293,6 +293,37 @@ def mma_cases(attn):
          [5])
     case("moe_down_mma", "R3-k2-I40-H8", (r(6, 40), bf(r(8 * 8, 40)), idx, 8, np.zeros((6, 8), F32), 3), [4])
 
+    # exact-bf16's packed GEMM inputs (xp=): each producer writes its outputs' bf16 pairs beside
+    # them (NaN and ±inf outputs included: a NaN's half is the quiet NaN with its sign), and
+    # linear_mma reads X's bf16 values from them (here the naive kernel: unpacked first)
+    bad = r(4, 70)
+    bad[1, 4], bad[2, 9] = np.nan, np.inf
+    U = np.zeros
+    case("rmsnorm", "R3-N70-oo70-xp", (bad, r(70, scale=0.1), F32(1e-6), U((3, 140), F32), 70, 3, U((4, 70), np.uint32)),
+         [3, 6])
+    case("add_rmsnorm", "R3-N70-xp", (r(4, 70), bad, r(70, scale=0.1), F32(1e-6), U((4, 70), F32), 0, 3,
+                                      U(2, np.int32), 1, U((3, 35), np.uint32)), [0, 4, 7, 9])
+    G = r(3, 80)
+    G[2, 41] = np.nan  # head 1 of row 2: every output NaN
+    case("gated_rmsnorm", "R3-H2-D40-xp", (G, r(3, 85), 5, 2, 40, 1 + r(40, scale=0.1), F32(1e-6), U((3, 80), F32), 3,
+                                           U((3, 40), np.uint32)), [7, 9])
+    GU = r(3, 16, scale=3.0)
+    GU[0, 3], GU[2, 12] = np.nan, -np.inf
+    case("swiglu_act", "R3-I8-xp", (GU, 8, U((3, 8), F32), 3, U((3, 4), np.uint32)), [2, 4])
+    case("sigmoid_gate", "R3-N6-go6-xp", (np.ascontiguousarray(bad[:3, :6]), r(3, 13, scale=3.0), 6, U((3, 6), F32), 3, U((3, 3), np.uint32)),
+         [3, 5])
+    X = r(3, 40)
+    X[1, 3] = np.inf
+    Xb = (bf(X).view(np.uint32) >> 16).astype(np.uint32)  # not X's own rounding: both sides read xp, not X
+    XP = Xb[:, 0::2] | (Xb[:, 1::2] << 16)
+    case("linear_mma", "R3-K40-N9-xp", (X, bf(r(9, 40, scale=0.2)), U((3, 9), F32), 3, XP), [2], rows=3)
+    case("linear_mma", "bf16-R3-K40-N9-xp", (X, w16(9, 40, scale=0.2), U((3, 9), F32), 3, XP), [2], rows=3)
+    # the lm head in exact-bf16 (linear_flag_mma): the flag on a NaN/∞ row, none on a finite run
+    case("linear_flag_mma", "bf16-R3-K40-N9-xp", (X, w16(9, 40, scale=0.2), U((3, 9), F32), 3, U(2, np.int32), 1, XP),
+         [2, 4], rows=3)
+    case("linear_flag_mma", "R2-K40-N9-finite", (r(2, 40), bf(r(9, 40, scale=0.2)), U((2, 9), F32), 2, U(2, np.int32), 0),
+         [2, 4], rows=2)
+
     # bf16 bits (uint16, w16): the weights an exact-bf16 engine keeps resident on CUDA
     case("linear_mma", "bf16-R5-K40-N9", (r(5, 40), w16(9, 40, scale=0.2), np.zeros((5, 9), F32), 5), [2], rows=5)
     case("moe_up_mma", "bf16-R3-k2-I6-H40",

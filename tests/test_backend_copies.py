@@ -344,8 +344,12 @@ def test_logits_ring_gives_each_held_step_its_own_buffer():
     assert slot(key) == (key, None)
     eng.graphs, eng._trace = True, object()
     assert slot(key) == (key, None)
-    eng._trace, eng.mode = None, "exact-bf16"  # its NaN/Inf check reads the logits back: no ring
+    # exact-bf16: no ring, with either weights (float32-resident: the NaN/Inf check would be a
+    # second kernel reading mapped logits back; bf16: the fused GEMV's small stores cross PCIe)
+    eng._trace, eng.mode, eng.weights = None, "exact-bf16", "f32"
     assert slot(key) == (key, None)
+    eng.weights = "bf16"
+    assert model.Engine._fused(eng) and slot(key) == (key, None)
     eng.mode = "exact"
     assert slot(key)[0] == key + ("logits", 0)
 

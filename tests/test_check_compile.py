@@ -30,7 +30,7 @@ def test_launch_arguments_become_numba_types():
 
 
 RMS_SIG = [["array", "float32", 2, "C"], ["array", "float32", 1, "C"], ["scalar", "float32"],
-           ["array", "float32", 2, "C"], ["scalar", "int64"], ["scalar", "int64"]]
+           ["array", "float32", 2, "C"], ["scalar", "int64"], ["scalar", "int64"], ["none"]]  # xp=None
 
 
 def test_compiles_a_recorded_kernel_and_reports_what_the_compiler_rejects(monkeypatch):

@@ -78,6 +78,12 @@ SCRIPT = textwrap.dedent(r'''
     case("rot dk200-ragged R2 cap", 1, 1, 200, 4, 2, True, wpb=1, tc=2, mode="rot")
     case("rot dk256 w2 R3 auto-tc", 1, 2, 256, 5, 3, False, wpb=2, mode="rot")
 
+    # programmatic dependent launch (a captured step on sm_90): the state slices loaded before
+    # pdl_wait(), k, q, v, g and beta after -- one row, a verify step with captures, both modes
+    case("pipe dk40-ragged dv20 vpk2 R1 pdl", 2, 4, 40, 20, 1, False, pdl=True)
+    case("pipe dk40-ragged dv20 vpk2 R5 cap pdl", 2, 4, 40, 20, 5, True, pdl=True)
+    case("rot dk32 R3-tc4 cap pdl", 1, 3, 32, 5, 3, True, wpb=1, tc=4, mode="rot", pdl=True)
+
     # −0 and exact zeros: rot's row −1 update fma(0, −0, s) must give s for s = −0 too
     dk, dv, nv = 64, 8, 2
     for R in (1, 3):

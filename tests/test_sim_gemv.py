@@ -108,6 +108,15 @@ SCRIPT = textwrap.dedent(r'''
     case(L.gemv_pick(2048, 5000, 4), 4, 5000, 9)          # small N past K = 4,096: two chunks in flight
     case(None, 2, 333, 11)                   # K % 4 != 0 → scalar path chosen by launch()
     case(None, 3, 600, 21, bf16=True)
+    # programmatic dependent launch (a captured step on sm_90): the weight chunks in flight are
+    # loaded before pdl_wait(), X after -- 1-3 chunks ahead, fewer chunks than that, bf16, scalar
+    import dataclasses
+    P = lambda c: dataclasses.replace(c, PDL=True)
+    case(P(C(RB=1, OW=4, NOG=2, NG=1, PF=3)), 1, 8 * 32 * 7 + 4, 8, XS=1800)
+    case(P(C(RB=2, OW=4, NOG=2, NG=1, PF=2)), 2, 8 * 32 + 36, 9)           # one chunk, two ahead
+    case(P(L.gemv_pick(9000, 600, 1, bf16=True)), 1, 600, 40, bf16=True)
+    case(P(L.gemv_pick(2048, 5000, 5)), 5, 5000, 9)
+    case(P(C(RB=4, OW=8, NOG=1, NG=2, PF=1, BF16=True, VEC=False)), 4, 1101, 10, bf16=True)
     print("RESULT " + json.dumps(res))
 ''')
 
@@ -131,4 +140,5 @@ def test_gemv_bitwise_under_simulator(sim):
     bad = [r for r in sim if not r["ok"]]
     assert len(sim) >= 30
     assert not bad, bad
+    assert sum(r["cfg"].endswith("_pdl") for r in sim) == 5  # the PDL builds ran (and only they)
 

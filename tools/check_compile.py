@@ -66,6 +66,8 @@ def _type_of(a):
         return ["scalar", "int64"]
     if isinstance(a, float):
         return ["scalar", "float64"]
+    if a is None:  # an optional output not given (xp=None): the kernel's branch for it compiled out
+        return ["none"]
     raise TypeError(f"launch argument of type {type(a).__name__} is not described")
 
 
@@ -116,6 +118,8 @@ def _numba_type(t):
 
     if t[0] == "array":
         return types.Array(getattr(types, t[1]) if t[1] != "bool" else types.boolean, t[2], t[3])
+    if t[0] == "none":
+        return types.none
     return getattr(types, t[1])
 
 
@@ -241,6 +245,9 @@ def compile_all(recorded, only=None, ptxas=False, stretches=False, sass_dir=None
 
 
 def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
+    # the kernels as an sm_90 device builds them: with programmatic dependent launch's
+    # griddepcontrol instructions (numba_kernels.intrin.pdl_emit; PRIMEWALK_PDL=0 compiles without)
+    os.environ.setdefault("PRIMEWALK_PDL", "1")
     from numba import cuda
 
     from numba_kernels import cuda as kc
@@ -262,10 +269,16 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
     from numba import types
 
     u2 = types.Array(types.uint32, 2, "C")
-    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemm_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_g16_k,
-                 *mma_tc.VD_KERNELS.values(), *mma_tc.VD_WIDE.values()):
+    for kern in (mma_tc.linear_mma_tc_k, mma_tc.linear_mma_gemm_k, mma_tc.linear_mma_gemv_k, mma_tc.linear_mma_g16_k):
         if not only or kern.py_func.__name__ in only:
             jobs.append((kern.py_func.__name__, kern.py_func, (u2, u2, u2, types.int64), {}))
+    i1 = types.Array(types.int32, 1, "C")
+    for kern in (*mma_tc.VD_KERNELS.values(), *mma_tc.VD_WIDE.values(), *mma_tc.VD_PDL.values()):  # plain (flags None) and the lm head's
+        name = kern.py_func.__name__
+        if not only or name in only:
+            jobs.append((name, kern.py_func, (u2, u2, u2, types.int64, types.none, types.int64), {}))
+        if not only or name + "_flag" in only:
+            jobs.append((name + "_flag", kern.py_func, (u2, u2, u2, types.int64, i1, types.int64), {}))
     h2 = types.Array(types.uint16, 2, "C")
     if not only or "linear_mma_tc_k_w16" in only:  # bf16-resident W, K % 8 != 0
         jobs.append(("linear_mma_tc_k_w16", mma_tc.linear_mma_tc_k.py_func, (u2, h2, u2, types.int64), {}))
@@ -278,10 +291,12 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
         jobs.append(("attention_mma_pk_k", mma_tc.attention_mma_pk_k.py_func,
                      (u1, u1, u1, u2, f2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, i64, types.float32,
                       f3, u3, i64, i64, i64), {"max_registers": mma_tc.PK_MAX_REGS}))
-    if not only or "attention_mma_sk_k" in only:
-        i64, f3 = types.int64, types.Array(types.float32, 3, "C")
-        jobs.append(("attention_mma_sk_k", mma_tc.attention_mma_sk_k.py_func,
-                     (u2, u2, u2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, types.float32, f3, f3), {}))
+    for vs in (1, 2, 4):  # the split-KV kernel and its P·V splits (mma_tc.SK_VSPLIT)
+        sk = mma_tc.sk_kernel(vs)
+        if not only or sk.py_func.__name__ in only:
+            i64, f3 = types.int64, types.Array(types.float32, 3, "C")
+            jobs.append((sk.py_func.__name__, sk.py_func,
+                         (u2, u2, u2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, types.float32, f3, f3), {}))
     for kern in (mma_tc.att_pack_rows_k, mma_tc.att_pack_v_k):
         if not only or kern.__name__ in only:
             jobs.append((kern.__name__, kern.py_func, (u2, u1) + (types.int64,) * 4, {}))

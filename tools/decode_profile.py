@@ -7,7 +7,8 @@
 For each step size (rows: 1 = a decode step, R > 1 = an R-row verify step) after a ``--ctx``-token
 prime: the whole step as the engine runs it (graph replay, logits download, finite check, hidden
 clone, host argmax), the graph replay alone (host launch + device time, synchronised), and the
-host-side pieces. Run under Nsight Compute to get every kernel of one captured step:
+host-side pieces; and whether the captured step's logits are bitwise those of the same step
+launched eagerly (``captured_equals_eager``; exit 1 if not). Run under Nsight Compute to get every kernel of one captured step:
 
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
         python tools/decode_profile.py --out p.json --ncu-step 1 > kernels.csv
@@ -138,9 +139,11 @@ def main(argv=None) -> int:
     if args.weights == "bf16":  # bf16-resident weights hold bf16 values: round them as the bench does
         ck = bf16_checkpoint(ck)
     eng = Engine(ck, "cuda", check_finite=True, mode=args.mode, weights=args.weights)
-    res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "build_s": time.perf_counter() - t0, "steps": {}}
+    res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "pdl": eng.B.pdl(),
+           "build_s": time.perf_counter() - t0, "steps": {}}
     B = eng.B
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
+    same = True
     for R in args.rows:
         sess = eng.new_session(args.ctx + 4 * args.reps + 64)
         eng.prime(sess, ids)
@@ -175,6 +178,17 @@ def main(argv=None) -> int:
                 sess.cache.pos = snap  # stay inside the capacity (timing only)
 
         r = {"whole_us": timed(whole)}
+        # the captured step (its GEMVs launched with PDL where that is on) against the same step
+        # launched eagerly from Python, from one cache state: the logits bit for bit
+        snapc, graphs = sess.cache.snapshot(), eng.graphs
+        eng.graphs = False
+        eager = np.array(step(1)[0], copy=True)
+        sess.cache.restore(snapc)
+        eng.graphs = graphs
+        replayed = np.array(step(1)[0], copy=True)
+        sess.cache.restore(snapc)
+        r["captured_equals_eager"] = bool(np.array_equal(eager.view(np.uint32), replayed.view(np.uint32)))
+        same &= r["captured_equals_eager"]
         if args.sched:  # how the host waits for the GPU (the step's host work after the wait)
             r["ctx_flags"] = _ctx_flags()
             r["whole_us_by_sched"] = {}
@@ -254,11 +268,11 @@ def main(argv=None) -> int:
         host = B.download(view)
         r["argmax_us"] = timed(lambda: int(np.argmax(host[-1])))
         res["steps"][str(R)] = r
-        shown = {k: v for k, v in r.items() if k.endswith(("_us", "_bytes")) or k.startswith(("api", "time"))}
+        shown = {k: v for k, v in r.items() if k.endswith(("_us", "_bytes", "_eager")) or k.startswith(("api", "time"))}
         print(R, json.dumps(shown), flush=True)
     if not args.ncu_step:
         write_text_atomic(args.out, json.dumps(res, indent=1))
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 """The exact-bf16 split-KV attention of a decode or verify step on the GPU, alone: bitwise against
 the CPU twin, then timed.
 
-    PYTHONPATH=. python tools/probe_attn_sk.py --out sk.json [--ctx 512] [--cap 768] [--rows 1,5]
+    PYTHONPATH=. python tools/probe_attn_sk.py --out sk.json [--ctx 512] [--cap 768] [--rows 1,5] [--vsplit 1,2,4]
 
 bench-8l's attention shape (16 query heads, 2 KV heads, head_dim 256), a captured step's way: the
 position on the device, the grid over the cache's ``--cap`` positions (tiles past the position
 exit at once). Each row count: the CPU twin's output against the kernel's (every bit), then
 µs per call of the whole op (``attention_mma_sk``: the kernel and the ordered merge), each a CUDA
-graph of ``--reps`` launches replayed between two events. Prints one line a row count and
+graph of ``--reps`` launches replayed between two events; with ``--vsplit``, once per split of
+P·V's n-tiles over blocks (``mma_tc.SK_VSPLIT``). Prints one line a (row count, split) and
 writes the JSON.
 """
 
@@ -37,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hq", type=int, default=16)
     ap.add_argument("--hkv", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--vsplit", default=None, type=int_list(1, 32, "split counts"),
+                    help="P·V's n-tiles split over this many blocks, comma-separated (mma_tc.SK_VSPLIT; "
+                         "default: production's alone)")
     args = ap.parse_args(argv)
     rows = args.rows
     if args.ctx < 0 or args.reps < 1 or args.cap < args.ctx + max(rows):
@@ -53,9 +57,12 @@ def main(argv=None) -> int:
     K = rng.standard_normal((args.cap, hkv * D)).astype(np.float32)
     V = rng.standard_normal((args.cap, hkv * D)).astype(np.float32)
     dK, dV = cuda.to_device(K), cuda.to_device(V)
-    res = {"ctx": args.ctx, "cap": args.cap, "hq": hq, "hkv": hkv, "D": D, "reps": args.reps, "steps": []}
+    res = {"ctx": args.ctx, "cap": args.cap, "hq": hq, "hkv": hkv, "D": D, "reps": args.reps,
+           "production_vsplit": mma_tc.SK_VSPLIT, "steps": []}
     ok = True
-    for R in rows:
+    production = mma_tc.SK_VSPLIT
+    for R, vs in [(R, vs) for vs in (args.vsplit or (production,)) for R in rows]:
+        mma_tc.SK_VSPLIT = vs
         Q = rng.standard_normal((R, hq * D)).astype(np.float32)
         want = np.zeros((R, hq * D), np.float32)
         kp.attention_mma(Q, K, V, want, args.ctx, R, hq, hkv, D, scale)
@@ -69,12 +76,13 @@ def main(argv=None) -> int:
         ran = call()
         same = bool(ran) and bool(np.array_equal(d.copy_to_host().view(np.uint32), want.view(np.uint32)))
         ok &= same
-        row = {"R": R, "ran": bool(ran), "bitwise": same, "kernels": sorted(kc.LAUNCHES)}
+        row = {"R": R, "vsplit": vs, "ran": bool(ran), "bitwise": same, "kernels": sorted(kc.LAUNCHES)}
         if same:
             row["us"] = graph_us(lambda _: call(), args.reps)
         res["steps"].append(row)
-        print(f"R{R}: bitwise {same}, {row.get('us', float('nan')):.1f} us a call ({', '.join(row['kernels'])})",
-              flush=True)
+        print(f"R{R} vsplit {vs}: bitwise {same}, {row.get('us', float('nan')):.1f} us a call "
+              f"({', '.join(row['kernels'])})", flush=True)
+    mma_tc.SK_VSPLIT = production
     res["bitwise"] = ok
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1

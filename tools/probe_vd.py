@@ -107,7 +107,7 @@ def main() -> int:
                 kern = kernels[key]
                 out = cuda.device_array((R, N), np.float32)
                 grid = ((N + 7) // 8, (R + 15) // 16)
-                kern[grid, 32](Xp, ring[0].view(np.uint32), out.view(np.uint32), R)
+                kern[grid, 32](Xp, ring[0].view(np.uint32), out.view(np.uint32), R, None, -1)  # flags None: the plain GEMV
                 cuda.synchronize()
                 got = out.copy_to_host()
                 if ref is None:
@@ -123,7 +123,7 @@ def main() -> int:
                 ok &= same
                 if a.ncu:
                     continue
-                t = timed(lambda i: kern[grid, 32](Xp, ring[i % nring].view(np.uint32), out.view(np.uint32), R))
+                t = timed(lambda i: kern[grid, 32](Xp, ring[i % nring].view(np.uint32), out.view(np.uint32), R, None, -1))
                 row = {"shape": name, "K": K, "N": N, "R": R, "xrows": xrows, "kt": kt, "stages": stages,
                        "production": (kt, stages) == prod, "bitwise_vs_production": same, "s": t,
                        "w_tb_s": 2 * N * K / t / 1e12}

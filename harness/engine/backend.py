@@ -42,6 +42,9 @@ class CpuBackend:
             pass
         return f"cpu: {proc}"
 
+    def pdl(self) -> bool:  # programmatic dependent launch is a CUDA launch attribute
+        return False
+
     def driver(self):
         return None
 
@@ -107,6 +110,12 @@ class CudaBackend:
         name = name.decode() if isinstance(name, bytes) else str(name)
         cc = getattr(d, "compute_capability", None)
         return f"cuda: {name}" + (f" (cc {cc[0]}.{cc[1]})" if cc else "")
+
+    def pdl(self) -> bool:
+        """Whether captured steps launch their GEMVs with programmatic dependent launch
+        (``numba_kernels.launch.pdl_on``: sm_90 on, ``PRIMEWALK_PDL`` not 0); the bits are the
+        same either way."""
+        return bool(self.ops.launch.pdl_on())
 
     def driver(self):
         try:

@@ -125,6 +125,29 @@ class Engine:
             a = self._ws[name] = self.B.empty((cap, width), dtype)
         return a
 
+    def xp(self, name, rows, width):
+        """exact-bf16: the packed twin of workspace buffer ``name`` -- its rows' bf16 pairs
+        (uint32 [rows, width/2]), which the op producing ``name`` writes beside it and the GEMMs
+        reading ``name`` take instead of packing it themselves (one launch fewer each:
+        ``numba_kernels`` ``xp=``). None in exact mode, for a width the tensor-core GEMV would
+        not read packed (not a multiple of 8), and while a trace records (bisect taps and faults
+        each op's own output: a fault flipped into ``name`` must reach the GEMMs that read it, so
+        a traced step's GEMMs pack X themselves, as :meth:`_fused` runs the lm head unfused; the
+        bits are the same): the GEMM then packs, or reads, X itself."""
+        if self.mode != "exact-bf16" or width % 8 or self._trace is not None:
+            return None
+        return self.ws(name + ".xp", rows, width // 2, np.uint32)
+
+    @staticmethod
+    def _with_xp(op, xp, *args):
+        """``op(*args)``, with X's packed twin ``xp`` (:meth:`xp`) appended where there is one (the
+        float32 GEMM ops of exact mode take none)."""
+        return op(*args) if xp is None else op(*args, xp)
+
+    def _linear(self, X, W, out, R, xp=None):
+        """``ops.linear``, handing the GEMM its input's packed twin where there is one."""
+        self._with_xp(self.ops.linear, xp, X, W, out, R)
+
     def _ensure_rope(self, n):
         if n > self._rope_n:
             n = max(n, 2 * self._rope_n, 256)
@@ -182,7 +205,7 @@ class Engine:
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         nz = cd + vd  # one projection: q‖k‖v‖z, then b‖a from column nz
         qkvz = ws("qkvz", R, nz + 2 * nv)
-        ops.linear(h, L["qkvzba"], qkvz, R)
+        self._linear(h, L["qkvzba"], qkvz, R, self.xp("h", R, cfg.hidden_size))
         self._tap("qkvz", qkvz, c1=nz)
         self._tap("ba", qkvz, c0=nz)
         cap_c, cap_r = (caps["conv"][li], caps["rec"][li]) if capture else (self.cap_conv_dummy, self.cap_rec_dummy)
@@ -199,10 +222,11 @@ class Engine:
         ops.gdn_recurrence(qn, kn, mixed, 2 * kd, g, beta, cache.rec[li], o, R, dk, dv, cfg.v_per_k, cap_r, capture)
         self._tap("recurrence", o)
         on = ws("gdn_on", R, vd)
-        ops.gated_rmsnorm(o, qkvz, cd, nv, dv, L["norm"], cfg.rms_norm_eps, on, R)
+        onx = self.xp("gdn_on", R, vd) if dv % 2 == 0 else None  # a block a head packs its own pairs
+        ops.gated_rmsnorm(o, qkvz, cd, nv, dv, L["norm"], cfg.rms_norm_eps, on, R, onx)
         self._tap("gated_norm", on)
         mix = ws("mix", R, cfg.hidden_size)
-        ops.linear(on, L["out"], mix, R)
+        self._linear(on, L["out"], mix, R, onx)
         self._tap("out_proj", mix)
         return mix
 
@@ -211,7 +235,7 @@ class Engine:
         at = {} if pos is None else {"pos": pos}  # device-side position (captured steps, cuda only)
         hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = ws("qkv", R, 2 * hq * D + 2 * hkv * D)
-        ops.linear(h, L["qkv"], qkv, R)
+        self._linear(h, L["qkv"], qkv, R, self.xp("h", R, cfg.hidden_size))
         self._tap("qkv", qkv)
         q = ws("q", R, hq * D)
         # q/k norms, RoPE and the K/V cache write, one launch: q normed and rotated; K normed,
@@ -223,11 +247,11 @@ class Engine:
         att = ws("att", R, hq * D)
         ops.attention(q, kc, vc, att, start, R, hq, hkv, D, F32(1.0 / math.sqrt(D)), **at)
         self._tap("attention", att)
-        gated = ws("att_g", R, hq * D)
-        ops.sigmoid_gate(att, qkv, hq * D, gated, R)
+        gated, gx = ws("att_g", R, hq * D), self.xp("att_g", R, hq * D)
+        ops.sigmoid_gate(att, qkv, hq * D, gated, R, gx)
         self._tap("attn_gate", gated)
         mix = ws("mix", R, cfg.hidden_size)
-        ops.linear(gated, L["o"], mix, R)
+        self._linear(gated, L["o"], mix, R, gx)
         self._tap("o_proj", mix)
         return mix
 
@@ -235,20 +259,21 @@ class Engine:
         cfg, ops, ws = self.cfg, self.ops, self.ws
         H = cfg.hidden_size
         mix = ws("mix", R, H)
+        hx = self.xp("h", R, H)
         if not L["moe"]:
             I = L["inter"]
-            gu, act = ws("gu", R, 2 * I), ws("act", R, I)
-            ops.linear(h, L["gu"], gu, R)
+            gu, act, ax = ws("gu", R, 2 * I), ws("act", R, I), self.xp("act", R, I)
+            self._linear(h, L["gu"], gu, R, hx)
             self._tap("mlp_gu", gu)
-            ops.swiglu_act(gu, I, act, R)
+            ops.swiglu_act(gu, I, act, R, ax)
             self._tap("mlp_act", act)
-            ops.linear(act, L["down"], mix, R)
+            self._linear(act, L["down"], mix, R, ax)
             self._tap("mlp_down", mix)
             return mix
         E, k, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         rl, P = ws("router", R, E), ws("router_p", R, E)
         idx, wts = ws("moe_idx", R, k, np.int32), ws("moe_w", R, k)
-        ops.linear(h, L["router"], rl, R)
+        self._linear(h, L["router"], rl, R, hx)
         self._tap("moe_router", rl)
         ops.moe_route(rl, k, cfg.norm_topk_prob, P, idx, wts, R)
         self._tap("moe_route", wts, then=idx)
@@ -260,14 +285,14 @@ class Engine:
         sh, sgl = ws("shared", R, H), ws("shared_gl", R, 1)
         if L["shared"]:
             S = cfg.shared_expert_intermediate_size
-            sgu, sact = ws("sgu", R, 2 * S), ws("sact", R, S)
-            ops.linear(h, L["sgu"], sgu, R)
+            sgu, sact, sx = ws("sgu", R, 2 * S), ws("sact", R, S), self.xp("sact", R, S)
+            self._linear(h, L["sgu"], sgu, R, hx)
             self._tap("shared_gu", sgu)
-            ops.swiglu_act(sgu, S, sact, R)
+            ops.swiglu_act(sgu, S, sact, R, sx)
             self._tap("shared_act", sact)
-            ops.linear(sact, L["sdown"], sh, R)
+            self._linear(sact, L["sdown"], sh, R, sx)
             self._tap("shared_down", sh)
-            ops.linear(h, L["sgate"], sgl, R)
+            self._linear(h, L["sgate"], sgl, R, hx)
             self._tap("shared_gate", sgl)
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
         self._tap("moe_combine", mix)
@@ -282,7 +307,8 @@ class Engine:
             mix = self._gdn(L, li, h, R, cache, capture, caps)
         else:
             mix = self._attn(L, h, R, kc, vc, start, pos)
-        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R, self._no_flags, -1)  # h = norm(x += mix)
+        ops.add_rmsnorm(x, mix, L["post_norm"], cfg.rms_norm_eps, h, 0, R, self._no_flags, -1,  # h = norm(x += mix)
+                        self.xp("h", R, cfg.hidden_size))
         self._tap("residual", x)
         self._tap("post_norm", h)
         return self._mlp(L, h, R)
@@ -290,24 +316,27 @@ class Engine:
     def _norm_in(self, x, L, R):
         """The first layer's input norm of ``x`` (later layers get theirs from :meth:`_add_norm`)."""
         h = self.ws("h", R, self.cfg.hidden_size)
-        self.ops.rmsnorm(x, L["in_norm"], self.cfg.rms_norm_eps, h, 0, R)
+        self.ops.rmsnorm(x, L["in_norm"], self.cfg.rms_norm_eps, h, 0, R, self.xp("h", R, self.cfg.hidden_size))
         self._tap("in_norm", h)
         return h
 
     def _fused(self):
         """Whether this step runs the fused op ``linear_flag`` (the lm head checking its logits as
-        it stores them): in exact mode (its GEMV is the float32 one) and outside a trace (bisect
-        taps and faults each op's own output, so a traced step runs the ops one by one; the bits
-        are the same)."""
-        return self.mode == "exact" and self._trace is None
+        it stores them): in exact mode (the float32 GEMV), and in exact-bf16 with the weights
+        resident as bf16 bits (the bf16 GEMV; with ``--weights f32`` the check would be a second
+        kernel), outside a trace (bisect taps and faults each op's own output, so a traced step
+        runs the ops one by one; the bits are the same)."""
+        return (self.mode == "exact" or self.weights == "bf16") and self._trace is None
 
-    def _add_norm(self, x, mix, w, out, R, flags, slot, name):
+    def _add_norm(self, x, mix, w, out, R, flags, slot, name, ws_name):
         """A layer's last residual add and the norm after it (the next layer's input norm, or the
         final one, tapped as ``name``) in one launch: ``x += mix``, the layer's NaN/Inf flag on
-        ``x`` (``flags[slot]``), ``out = norm(x)·(1 + w)``."""
+        ``x`` (``flags[slot]``), ``out = norm(x)·(1 + w)`` (``out``: workspace ``ws_name``, its
+        packed twin written too: :meth:`xp`)."""
         if flags is None:
             flags, slot = self._no_flags, -1
-        self.ops.add_rmsnorm(x, mix, w, self.cfg.rms_norm_eps, out, 0, R, flags, slot)
+        self.ops.add_rmsnorm(x, mix, w, self.cfg.rms_norm_eps, out, 0, R, flags, slot,
+                             self.xp(ws_name, R, self.cfg.hidden_size))
         self._tap("residual2", x)
         self._tap(name, out)
 
@@ -364,13 +393,16 @@ class Engine:
         (:meth:`~.backend.CudaBackend.mapped_target`), up to LOGIT_RING of them, each written
         by its own capture of the step (the key gets the buffer's index) -- so the host hands
         the logits out after the step with no download; else (``key``, None): the workspace and
-        one download, as for every step too large to capture, on the CPU, in exact-bf16 mode, or
-        while the caller still holds the logits of every buffer in the ring. Only exact mode's
-        float32 lm head (:meth:`_fused`) stores each logit once and checks it as it stores; in
-        exact-bf16 mode a second kernel reads the logits back for the NaN/Inf flag, and reads of
-        mapped memory cross PCIe (on the H200, with the ring, its decode step took 2.08 ms, the
-        bench at cba8c86; 0.92 ms without, at 93fb8f3)."""
-        if self._captured(key) is None or not self._fused():
+        one download, as for every step too large to capture, on the CPU, without a fused lm
+        head, or while the caller still holds the logits of every buffer in the ring. The ring
+        is exact mode's only: its float32 GEMV stores each logit once and checks it as it stores
+        (:meth:`_fused`). In exact-bf16 the bf16 tensor-core GEMV fuses the check too, but its
+        stores -- a warp's 16 × 8 tile, 32 bytes a row -- cross PCIe as small writes: on the
+        H200 (tools/decode_profile.py, 2026-12-05) a captured five-row step with the ring took
+        2.31 ms of device time against 1.05 without it, so exact-bf16 downloads its logits (and
+        before the fused check, a second kernel reading mapped logits back took 2.08 ms a step,
+        the bench at cba8c86)."""
+        if self._captured(key) is None or self.mode != "exact" or not self._fused():
             return key, None
         ring = c.logit_rings.setdefault(key, [])
         for i, t in enumerate(ring):
@@ -472,22 +504,25 @@ class Engine:
         for li, L in enumerate(self.layers):
             mix = self._block(L, li, x, h, R, start, c.k.get(li), c.v.get(li), c, capture, caps, pos)
             if li + 1 < len(self.layers):
-                self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm")
+                self._add_norm(x, mix, self.layers[li + 1]["in_norm"], h, R, flags, li, "in_norm", "h")
             else:
-                self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm")
+                self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm", "hf")
         return self._lm_head(hf, R, n, flags, len(self.layers), dst), hf[:R], hf[R - 1:R]
 
     def _lm_head(self, hf, R, n, flags, slot, dst):
         """The lm head of the last ``n`` of the step's ``R`` normed rows ``hf``: the logits [n, V]
         (a view of the workspace, or of ``dst``'s mapped buffer: :meth:`_logits_slot`), checked
-        for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- as the GEMV stores them in
-        exact mode (``linear_flag``, :meth:`_fused`), by a second pass otherwise."""
+        for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- by the op that computes them
+        where :meth:`_fused` (``linear_flag``: the GEMV as it stores them), by a second pass
+        otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16."""
         ops = self.ops
         logits = self.ws("logits", n, self.cfg.vocab_size) if dst is None else dst.dev
+        hx = self.xp("hf", R, self.cfg.hidden_size)
+        hx = None if hx is None else hx[R - n:]
         if flags is not None and self._fused():
-            ops.linear_flag(hf[R - n:], self.lm_head, logits, n, flags, slot)
+            self._with_xp(ops.linear_flag, hx, hf[R - n:], self.lm_head, logits, n, flags, slot)
         else:
-            ops.linear(hf[R - n:], self.lm_head, logits, n)
+            self._linear(hf[R - n:], self.lm_head, logits, n, hx)
             if flags is not None:
                 ops.nonfinite_flag(logits, n, flags, slot)
         self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
@@ -575,17 +610,18 @@ class Engine:
             ops.embed(inp["ids"], self.embed, e)
             self._tap("embed", e)
             cat = self.ws("mtp_cat", R, 2 * H)
-            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R)
+            cx = self.xp("mtp_cat", R, 2 * H)  # each half packs its own pairs (H % 4 == 0 where there is one)
+            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R, cx)
             self._tap("norm_e", cat, c1=H)
-            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R)
+            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R, cx)
             self._tap("norm_h", cat, c0=H)
             x = self.ws("x", R, H)
-            ops.linear(cat, M["fc"], x, R)
+            self._linear(cat, M["fc"], x, R, cx)
             self._tap("fc", x)
             h = self._norm_in(x, M["layer"], R)
             mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
-            self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm")
+            self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
             return self._lm_head(hf, R, n, None, -1, dst), hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):

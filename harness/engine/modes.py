@@ -12,8 +12,8 @@ A mode decides two things only:
   ``--weights f32``): the same bits either way, since the MMA kernels and the twin read both. A
   tied lm head gets its own rounded copy; the embedding table, norms, conv, ``A_log`` and
   ``dt_bias`` stay as loaded.
-- **which ops run the GEMMs**: ``linear``, ``attention``, ``moe_up`` and ``moe_down`` become their
-  ``_mma`` versions (activations rounded to bf16 at every GEMM input, K in MMA steps of 16).
+- **which ops run the GEMMs**: ``linear``, ``linear_flag`` (the lm head), ``attention``, ``moe_up``
+  and ``moe_down`` become their ``_mma`` versions (activations rounded to bf16 at every GEMM input, K in MMA steps of 16).
 
 Everything else (norms, softmax statistics, RoPE, gates, conv, the DeltaNet recurrence, all state)
 is the float32 exact path in both modes.
@@ -27,7 +27,7 @@ from ..errors import InputError
 
 MODES = ("exact", "exact-bf16")
 DEFAULT_MODE = "exact"
-MMA_OPS = ("linear", "attention", "moe_up", "moe_down")  # run as <name>_mma in exact-bf16
+MMA_OPS = ("linear", "linear_flag", "attention", "moe_up", "moe_down")  # run as <name>_mma in exact-bf16
 
 
 def check_mode(mode) -> str:

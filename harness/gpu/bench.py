@@ -655,7 +655,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     result = {
         "kind": "bench", "schema_version": 2, "model": "bench-8l", "config": BENCH_8L, "quick": quick,
         "lengths": lengths, "skip": sorted(skip), "budget_s": budget_s,
-        "created": now, "date": now, "device": gpu.device_name(), "driver": gpu.driver(),
+        "created": now, "date": now, "device": gpu.device_name(), "driver": gpu.driver(), "pdl": gpu.pdl(),
         "commit": commit or os.environ.get("PRIMEWALK_COMMIT") or _git_commit(REPO),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "weights_bytes_decode": weight_bytes, "weights_bytes_all": sum(a.nbytes for a in ck.tensors.values()),

@@ -89,6 +89,7 @@ def op_cases(rng, full: bool = True):
                                           N, R, np.zeros(3, np.int32), 1), [0, 4, 7])
         add("add_rmsnorm", f"R{R}-N{N}-finite", (_r(rng, R, N), _r(rng, R, N), _r(rng, N, scale=0.1), F32(1e-6),
                                                  np.zeros((R, N), F32), 0, R, np.zeros(2, np.int32), 0), [0, 4, 7])
+    packed_cases(rng, full, add)
     # the lm head's linear + NaN/Inf flag (the GEMV checks each output it stores): the bench's
     # vocabulary at 1 and 5 rows, every bucket at an odd width, the GEMM side; a NaN input row
     W_head = _r(rng, 151936, 2048, scale=2048 ** -0.5) if full else None  # 1.2 GB: one for both rows
@@ -220,6 +221,70 @@ def op_cases(rng, full: bool = True):
             (X, 1, m, c0, c1, hashes.copy(), 1, chain, R), [5])
     mma_op_cases(rng, full, add)
     return cases
+
+
+def _packed(X):
+    """X's rows as the producers pack them for exact-bf16's GEMMs (xp=): uint32 pairs of bf16 bits
+    (every NaN 0x7fc0)."""
+    from numba_kernels.mma import f32_to_bf16
+
+    b = np.where(np.isnan(X), 0x7FC0, f32_to_bf16(X)).astype(np.uint32)
+    return np.ascontiguousarray(b[:, 0::2] | (b[:, 1::2] << 16))
+
+
+def packed_cases(rng, full, add):
+    """exact-bf16's packed GEMM inputs (``xp=``): the five producer ops writing their outputs' bf16
+    pairs beside them (one block a row or a head, after a barrier; one thread a pair for the gates),
+    NaN and ±inf outputs among them, and ``linear_mma`` reading X from them (every GEMV kernel by the
+    rows it stages, the packed-X GEMM, float32 weights)."""
+    U = np.zeros
+    for R, N, oo in ([(5, 2048, 2048), (1, 17000, 0), (3, 20, 0)] if full else [(3, 20, 0)]):
+        X = _r(rng, R, N)
+        X[R - 1, 3] = np.nan
+        add("rmsnorm", f"R{R}-N{N}-oo{oo}-xp", (X, _r(rng, N, scale=0.1), F32(1e-6), U((R, oo + N), F32), oo, R,
+                                                U((R, (oo + N) // 2), np.uint32)), [3, 6])
+        D = _r(rng, R, N)
+        D[0, N // 2] = np.inf
+        add("add_rmsnorm", f"R{R}-N{N}-xp", (_r(rng, R, N), D, _r(rng, N, scale=0.1), F32(1e-6), U((R, N), F32), 0, R,
+                                             U(2, np.int32), 1, U((R, N // 2), np.uint32)), [0, 4, 7, 9])
+    for R, H, D in ([(5, 32, 128), (20, 4, 16)] if full else [(20, 4, 16)]):
+        X = _r(rng, R, H * D)
+        X[0, D + 1] = np.inf  # head 1 of row 0: ±inf and NaN outputs
+        add("gated_rmsnorm", f"R{R}-H{H}-D{D}-xp", (X, _r(rng, R, 3 * H * D), 2 * H * D, H, D, _r(rng, D), F32(1e-6),
+                                                    U((R, H * D), F32), R, U((R, H * D // 2), np.uint32)), [7, 9])
+        GU = _r(rng, R, 2 * H * D, scale=3.0)
+        GU[R - 1, 1], GU[0, H * D + 2] = np.nan, -np.inf
+        add("swiglu_act", f"R{R}-I{H * D}-xp", (GU, H * D, U((R, H * D), F32), R, U((R, H * D // 2), np.uint32)), [2, 4])
+        add("sigmoid_gate", f"R{R}-N{H * D}-xp", (_r(rng, R, H * D), GU, H * D, U((R, H * D), F32), R,
+                                                  U((R, H * D // 2), np.uint32)), [3, 5])
+    for R, K, N in ([(1, 2048, 2048), (2, 2048, 5632), (5, 1096, 77), (8, 520, 300), (16, 776, 77), (17, 264, 130),
+                     (64, 2048, 520)] if full else [(5, 1096, 77), (17, 264, 130)]):
+        X = _r(rng, R, K)
+        X[R - 1, K - 1] = np.nan
+        add("linear_mma", f"bf16-R{R}-K{K}-N{N}-xp", (X, _w16(rng, N, K, scale=K ** -0.5), U((R, N), F32), R, _packed(X)),
+            [2])
+    X = _r(rng, 5, 264)
+    add("linear_mma", "R5-K264-N70-xp", (X, round_bf16(_r(rng, 70, 264, scale=264 ** -0.5)), U((5, 70), F32), 5,
+                                         _packed(X)), [2])
+    # the lm head (linear_flag_mma): the bf16 GEMV checks each output as it stores it -- every
+    # GEMV kernel by the rows it stages, the 512-k and 256-k rings, a wide vocabulary; a NaN row
+    # (flagged), a NaN row past R (never stored: not flagged), an all-finite run (not flagged);
+    # from 33 rows, K % 8 != 0 and float32 weights: the GEMM or GEMV, then nonfinite_flag
+    flag_shapes = [(1, 2048, 40000), (2, 520, 4104), (4, 1096, 77), (5, 2048, 4104), (8, 264, 130), (16, 520, 77),
+                   (17, 264, 300), (33, 264, 130), (3, 1100, 41)]
+    for i, (R, K, N) in enumerate(flag_shapes if full else flag_shapes[4:5] + flag_shapes[7:]):
+        X = _r(rng, R + 1, K)
+        X[R, 7] = np.nan  # past R
+        if i % 2 == 0:
+            X[R - 1, K // 2] = np.nan
+        W = _w16(rng, N, K, scale=K ** -0.5)
+        xp = _packed(X) if K % 8 == 0 else None
+        args = (X, W, U((R + 1, N), F32), R, U(2, np.int32), 1) + ((xp,) if xp is not None else ())
+        add("linear_flag_mma", f"bf16-R{R}-K{K}-N{N}{'-nan' if i % 2 == 0 else '-finite'}", args, [2, 4])
+    X = _r(rng, 5, 264)
+    X[2, 9] = np.inf
+    add("linear_flag_mma", "R5-K264-N70-f32w", (X, round_bf16(_r(rng, 70, 264, scale=264 ** -0.5)), U((5, 70), F32), 5,
+                                                U(2, np.int32), 0), [2, 4])
 
 
 def mma_op_cases(rng, full, add):
@@ -480,7 +545,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
     receipt = {
         "kind": "device-check", "schema_version": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(),
+        "device": gpu_b.device_name(), "driver": gpu_b.driver(), "cpu": cpu_b.device_name(), "pdl": gpu_b.pdl(),
         "commit": commit, "full": full, "seed": seed, **({"ops_filter": sorted(ops)} if ops else {}),
         **({"shard": {"index": shard[0], "count": shard[1]}, "units": len(cases) + len(runs)} if shard else {}),
         "ops": ops_rows, "schedules": models, "wall_s": round(time.perf_counter() - t_all, 2),
@@ -492,7 +557,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
 
 
 # the fields every shard of one check must agree on
-_SHARD_SAME = ("kind", "schema_version", "device", "driver", "commit", "full", "seed", "ops_filter", "units",
+_SHARD_SAME = ("kind", "schema_version", "device", "driver", "pdl", "commit", "full", "seed", "ops_filter", "units",
                "code_fingerprint", "fingerprint_files")
 
 
