@@ -33,10 +33,10 @@ ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 # %% tags=["parameters"]
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
 # override the defaults (the tests point them at synthetic receipts).
-# Defaults: A is the stdlib-small acceptance matrix on the CPU twin, B the same matrix on the
-# H200; DEFAULT_GOLDEN is the default matrix's golden receipt (the same model, CPU twin).
+# Defaults: A is the stdlib-small acceptance matrix on the CPU twin, B the same matrix on a
+# GPU (the receipt names its device); DEFAULT_GOLDEN is the default matrix's golden receipt (the same model, CPU twin).
 RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/stdlib/cpu.json")
-RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-stdlib.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/cuda-stdlib.json")
 DEFAULT_GOLDEN = os.environ.get("PRIMEWALK_RECEIPT_DEFAULT", "receipts/golden/default.json")
 
 # %%

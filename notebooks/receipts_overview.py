@@ -30,7 +30,7 @@ ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
 # override the defaults (the tests point them at synthetic receipts).
 RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/golden/default.json")
-RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/cuda-default.json")
 
 # %%
 # %matplotlib inline

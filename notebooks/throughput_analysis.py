@@ -16,7 +16,7 @@
 #
 # Prime (prefill) tokens/s per schedule and chunk size, per-chunk wall times, and decode tokens/s
 # plain vs speculative per K, for receipt A and, side by side, receipt B (by default the golden
-# CPU run and the device run). Then the `harness bench` result (bench-8l on the H200): the prime
+# CPU run and the device run). Then the `harness bench` result (bench-8l on a GPU, named in the JSON): the prime
 # length curve against transformers, and the goals of issues #15 and #16. Timings are
 # informational: they are never part of a verdict. This notebook only reads receipts.
 
@@ -32,9 +32,9 @@ ROOT = Path(REPO)  # the checkout primewalk is installed from (pip install -e .)
 # Receipt paths, relative to the repo root or absolute. PRIMEWALK_RECEIPT / PRIMEWALK_RECEIPT_B
 # override the defaults (the tests point them at synthetic receipts).
 RECEIPT = os.environ.get("PRIMEWALK_RECEIPT", "receipts/golden/default.json")
-RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/h200-default.json")
+RECEIPT_B = os.environ.get("PRIMEWALK_RECEIPT_B", "receipts/device/cuda-default.json")
 # The bench JSON (harness bench); PRIMEWALK_BENCH overrides it.
-BENCH = os.environ.get("PRIMEWALK_BENCH", "receipts/bench/h200-bench.json")
+BENCH = os.environ.get("PRIMEWALK_BENCH", "receipts/bench/cuda-bench.json")
 
 # %%
 # %matplotlib inline

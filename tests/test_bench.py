@@ -23,7 +23,8 @@ from harness.gpu.bench import (BENCH_8L, OpProfile, _fill_random_context, attent
 from harness.models import default_model_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMITTED = os.path.join(ROOT, "receipts", "bench", "h200-bench.json")
+COMMITTED = os.path.join(ROOT, "receipts", "bench", "cuda-bench.json")
+HISTORY_H200 = os.path.join(ROOT, "receipts", "bench", "history", "h200-bench-ada597a.json")
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +224,9 @@ def test_goals_block_has_every_goal_of_15_and_16():
 
 def test_curve_figure_is_written_next_to_the_json_deterministically(tmp_path):
     r = make_bench_result()
-    out = str(tmp_path / "h200-bench.json")
+    out = str(tmp_path / "cuda-bench.json")
     p1 = rep.write_curve_plot(r, out)
-    assert p1 == str(tmp_path / "h200-bench.prime_curve.png")
+    assert p1 == str(tmp_path / "cuda-bench.prime_curve.png")
     b1 = open(p1, "rb").read()
     assert b1[:8] == b"\x89PNG\r\n\x1a\n"
     assert open(rep.write_curve_plot(r, out), "rb").read() == b1
@@ -241,13 +242,17 @@ def test_table_and_markdown_of_a_schema_2_result():
     assert "| 131,072 | 24.000 | oom | skipped |" in rep.curve_markdown(r)
 
 
-def test_committed_bench_result_reads():
-    with open(COMMITTED) as f:
+@pytest.mark.parametrize("path", [COMMITTED, HISTORY_H200])
+def test_committed_bench_result_reads(path):
+    """The committed bench (the README's tables) and the H200 bench kept in history/ both read."""
+    with open(path) as f:
         r = json.load(f)
     for key in ("device", "driver", "commit", "created", "hf", "sgemm", "copy_bandwidth_bytes_per_s",
                 "decode_floor_ms", "primewalk", "ratios", "goals"):
         assert key in r, key
-    assert "H200" in r["device"] and r["commit"]
+    assert r["device"].startswith("cuda: NVIDIA H") and r["commit"]
+    if path == HISTORY_H200:
+        assert "H200" in r["device"] and r["commit"].startswith("ada597a")
     assert set(r["hf"]) == {"fp32", "bf16"}
     assert {"k1", "k2", "k3"} <= set(r["primewalk"]["spec"])
     if r.get("schema_version", 1) >= 2:

@@ -18,7 +18,7 @@ from harness.matrix.receipts import read_receipt
 from harness.matrix.runner import run_matrix
 from harness.matrix.specfile import load_spec
 
-DEVICE_PATH = os.path.join(REPO, "receipts", "device", "h200-default.json")
+DEVICE_PATH = os.path.join(REPO, "receipts", "device", "cuda-default.json")
 GOLDEN_SPECS = ("tiny", "tiny-q35", "default")  # the tiny ones first: they fail fast
 
 
@@ -59,7 +59,7 @@ def test_builtin_matrix_matches_its_golden(stem):
 def test_device_receipt_matches_the_golden_digests():
     if not os.path.exists(DEVICE_PATH):
         pytest.skip(f"no device receipt at {os.path.relpath(DEVICE_PATH, REPO)} (record one on the GPU "
-                    "with `harness run-matrix --backend cuda --out receipts/device/h200-default.json`)")
+                    "with `harness run-matrix --backend cuda --out receipts/device/cuda-default.json`)")
     golden = _golden()
     device = read_receipt(DEVICE_PATH)
     assert device["env"]["backend"] == "cuda", "the device receipt was not recorded on the cuda backend"
@@ -68,7 +68,7 @@ def test_device_receipt_matches_the_golden_digests():
 
 
 STDLIB_CPU = os.path.join(REPO, "receipts", "stdlib", "cpu.json")
-STDLIB_CUDA = os.path.join(REPO, "receipts", "device", "h200-stdlib.json")
+STDLIB_CUDA = os.path.join(REPO, "receipts", "device", "cuda-stdlib.json")
 
 
 def test_stdlib_acceptance_receipts_agree_across_devices():

@@ -72,11 +72,11 @@ def test_one_parameters_cell(path):
     assert len(tagged) == 1
     assert "PRIMEWALK_RECEIPT" in tagged[0].source
     if os.path.basename(path) == "acceptance_analysis.py":  # the trained model: acceptance means something
-        assert "receipts/device/h200-stdlib.json" in tagged[0].source
+        assert "receipts/device/cuda-stdlib.json" in tagged[0].source
         assert "receipts/stdlib/cpu.json" in tagged[0].source
     else:
         assert "receipts/golden/default.json" in tagged[0].source
-        assert "receipts/device/h200-default.json" in tagged[0].source
+        assert "receipts/device/cuda-default.json" in tagged[0].source
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)

@@ -27,7 +27,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_performance_tables_are_the_committed_bench_json():
     """The block between the markers is exactly what ``tools/bench_table.py --readme`` writes
-    from ``receipts/bench/h200-bench.json``: a new bench without its tables, or a hand edit of a
+    from ``receipts/bench/cuda-bench.json``: a new bench without its tables, or a hand edit of a
     number, fails here (the fix: ``python tools/bench_table.py --readme README.md``)."""
     import json
     import sys
@@ -35,7 +35,7 @@ def test_performance_tables_are_the_committed_bench_json():
     sys.path.insert(0, ROOT)
     from harness.gpu.bench_report import readme_block, readme_markdown
 
-    with open(os.path.join(ROOT, "receipts", "bench", "h200-bench.json"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "receipts", "bench", "cuda-bench.json"), encoding="utf-8") as f:
         r = json.load(f)
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    assert readme_block(text) == readme_markdown(r, "receipts/bench/h200-bench.json")
+    assert readme_block(text) == readme_markdown(r, "receipts/bench/cuda-bench.json")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The acceptance table of a matrix receipt (markdown), as in the stdlib-small model card.
 
-    python tools/acceptance_table.py receipts/device/h200-stdlib.json [--variant unyielded]
+    python tools/acceptance_table.py receipts/device/cuda-stdlib.json [--variant unyielded]
 
 One row per (K, sampling) over the cells of one variant (default: the unyielded oracle cells):
 mean acceptance length and per-position acceptance pooled over the prompts by drafts

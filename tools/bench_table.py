@@ -3,7 +3,7 @@
 prime length curve, decode, speculative decoding and the goals of issues #15, #16 and #19, every
 number read from the file.
 
-    python tools/bench_table.py [receipts/bench/h200-bench.json]            # print the tables
+    python tools/bench_table.py [receipts/bench/cuda-bench.json]            # print the tables
     python tools/bench_table.py --readme README.md                          # rewrite the README's block
     python tools/bench_table.py --check README.md                           # exit 1 if the block differs
 
@@ -46,7 +46,7 @@ def _rel(path: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bench", nargs="?", default=os.path.join(ROOT, "receipts/bench/h200-bench.json"))
+    ap.add_argument("bench", nargs="?", default=os.path.join(ROOT, "receipts/bench/cuda-bench.json"))
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--readme", metavar="README", help="rewrite the block between the markers in this file")
     g.add_argument("--check", metavar="README", help="exit 1 if this file's block differs from the JSON's tables")

@@ -139,8 +139,8 @@ def main(argv=None) -> int:
     if args.weights == "bf16":  # bf16-resident weights hold bf16 values: round them as the bench does
         ck = bf16_checkpoint(ck)
     eng = Engine(ck, "cuda", check_finite=True, mode=args.mode, weights=args.weights)
-    res = {"ctx": args.ctx, "mode": eng.mode, "weights": eng.weights, "pdl": eng.B.pdl(),
-           "build_s": time.perf_counter() - t0, "steps": {}}
+    res = {"device": eng.B.device_name(), "ctx": args.ctx, "mode": eng.mode, "weights": eng.weights,
+           "pdl": eng.B.pdl(), "build_s": time.perf_counter() - t0, "steps": {}}
     B = eng.B
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
     same = True

@@ -4,7 +4,7 @@
 # each whole command timed (process start, model load and compilation included). The model is
 # written to out/bench-8l first (tools/make_bench8l.py) and kept there for later runs.
 #   bash tools/device_bisect8l.sh RESULTSDIR
-# Writes RESULTSDIR/h200-bisect-bench8l-4096-{fault,nofault}.json, their logs, and one line per run
+# Writes RESULTSDIR/cuda-bisect-bench8l-4096-{fault,nofault}.json, their logs, and one line per run
 # to RESULTSDIR/jobs.txt.
 set -uo pipefail
 res=${1:?usage: tools/device_bisect8l.sh RESULTSDIR}
@@ -16,7 +16,7 @@ for f in fault nofault; do
   [ "$f" = fault ] && extra=(--fault 5:recurrence:3000)
   s=$(date +%s%N)
   python -m harness.cli bisect --model out/bench-8l --prompt-len 4096 --a batched --b split:2048 --backend cuda \
-    "${extra[@]}" --out "$res/h200-bisect-bench8l-4096-$f.json" > "$res/bisect-bench8l-$f.log" 2>&1
+    "${extra[@]}" --out "$res/cuda-bisect-bench8l-4096-$f.json" > "$res/bisect-bench8l-$f.log" 2>&1
   rc=$?
   echo "bisect bench-8l 4096 $f exit $rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms (whole command)" | tee -a "$res/jobs.txt"
   head -4 "$res/bisect-bench8l-$f.log"

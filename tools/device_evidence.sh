@@ -37,34 +37,34 @@ own_spec() {  # a user's own checkpoint (tests/own_checkpoint.py) with its token
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --update-golden --golden "$res/own-cpu.json" --quiet --no-plots &&
     timeout "$T" $h run-matrix --spec "$out/own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots
 }
-dc_shards() { bash tools/dc_shards.sh "$res" "$res/h200-device-check.json" "${DC_SHARDS:-3}"; }
+dc_shards() { bash tools/dc_shards.sh "$res" "$res/cuda-device-check.json" "${DC_SHARDS:-3}"; }
 T=${T_CHECK:-480} job device-check dc_shards
-T=380 job device-walker $h device-walker --out "$res/h200-walker.json"
-job default $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots
-job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots
+T=380 job device-walker $h device-walker --out "$res/cuda-walker.json"
+job default $h run-matrix --backend cuda --out "$res/cuda-default.json" --quiet --no-plots
+job stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/cuda-stdlib.json" --quiet --no-plots
 job tiny-q35-bf16 $h run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights bf16 \
-  --out "$res/h200-tiny-q35-bf16.json" --quiet --no-plots
+  --out "$res/cuda-tiny-q35-bf16.json" --quiet --no-plots
 job tiny-q35-f32 $h run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights f32 \
-  --out "$res/h200-tiny-q35-f32.json" --quiet --no-plots
+  --out "$res/cuda-tiny-q35-f32.json" --quiet --no-plots
 job workers2 $h run-matrix --spec harness/specs/tiny.toml --backend cuda --workers 2 \
-  --out "$res/h200-tiny-w2.json" --quiet --no-plots
+  --out "$res/cuda-tiny-w2.json" --quiet --no-plots
 job bisect-cpu-cuda $h bisect --prompt-len 257 --a batched --b batched --k 2 --backend-a cpu --backend-b cuda \
-  --out "$res/h200-bisect-tiny-cpu-cuda.json"
+  --out "$res/cuda-bisect-tiny-cpu-cuda.json"
 job bisect-fault $h bisect --prompt-len 257 --a tokenwise --b yield:128 --k 2 --backend-a cpu --backend-b cuda \
-  --fault 2:recurrence:200 --out "$res/h200-bisect-tiny-fault.json"
+  --fault 2:recurrence:200 --out "$res/cuda-bisect-tiny-fault.json"
 job own own_spec
 if [ "${MODE_BF16:-0}" = 1 ]; then
   job mma-tiny $h run-matrix --spec harness/specs/tiny.toml --backend cuda --mode exact-bf16 \
-    --out "$res/h200-tiny-exact-bf16.json" --quiet --no-plots
+    --out "$res/cuda-tiny-exact-bf16.json" --quiet --no-plots
   job mma-tiny-cpu $h run-matrix --spec harness/specs/tiny.toml --mode exact-bf16 \
     --out "$res/cpu-tiny-exact-bf16.json" --quiet --no-plots
   # the default and stdlib matrices in the mode on CUDA, against the CPU twin's committed runs
   # (receipts/exact-bf16/cpu-{default,stdlib}.json: the twin takes minutes, the device's CPUs
   # are busy compiling)
-  job mma-default $h run-matrix --backend cuda --mode exact-bf16 --out "$res/h200-default-exact-bf16.json" \
+  job mma-default $h run-matrix --backend cuda --mode exact-bf16 --out "$res/cuda-default-exact-bf16.json" \
     --quiet --no-plots
   job mma-stdlib $h run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 \
-    --out "$res/h200-stdlib-exact-bf16.json" --quiet --no-plots
+    --out "$res/cuda-stdlib-exact-bf16.json" --quiet --no-plots
 fi
 wait
 sort "$res/jobs.txt"
@@ -74,16 +74,16 @@ if [ "${BISECT_8L:-0}" = 1 ]; then
 fi
 {
   d() { echo "== $*"; $h diff --digests-only "$@" 2>&1 | tail -2; }
-  d receipts/golden/default.json "$res/h200-default.json"
-  d receipts/stdlib/cpu.json "$res/h200-stdlib.json"
-  d receipts/golden/tiny-q35.json "$res/h200-tiny-q35-bf16.json"
-  d receipts/golden/tiny-q35.json "$res/h200-tiny-q35-f32.json"
-  d receipts/golden/tiny.json "$res/h200-tiny-w2.json"
+  d receipts/golden/default.json "$res/cuda-default.json"
+  d receipts/stdlib/cpu.json "$res/cuda-stdlib.json"
+  d receipts/golden/tiny-q35.json "$res/cuda-tiny-q35-bf16.json"
+  d receipts/golden/tiny-q35.json "$res/cuda-tiny-q35-f32.json"
+  d receipts/golden/tiny.json "$res/cuda-tiny-w2.json"
   d "$res/own-cpu.json" "$res/own-cuda.json"
-  [ -f "$res/h200-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/h200-tiny-exact-bf16.json"
+  [ -f "$res/cuda-tiny-exact-bf16.json" ] && d "$res/cpu-tiny-exact-bf16.json" "$res/cuda-tiny-exact-bf16.json"
   for m in default stdlib; do  # (stdlib: no CPU run committed yet, see the README's exact-bf16 section)
-    [ -f "$res/h200-$m-exact-bf16.json" ] && [ -f "receipts/exact-bf16/cpu-$m.json" ] &&
-      d "receipts/exact-bf16/cpu-$m.json" "$res/h200-$m-exact-bf16.json"
+    [ -f "$res/cuda-$m-exact-bf16.json" ] && [ -f "receipts/exact-bf16/cpu-$m.json" ] &&
+      d "receipts/exact-bf16/cpu-$m.json" "$res/cuda-$m-exact-bf16.json"
   done
 } > "$res/diffs.txt" 2>&1
 cat "$res/diffs.txt"

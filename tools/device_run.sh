@@ -27,7 +27,7 @@
 #         bench-8l primed 4096 tokens on CUDA, batched vs split, with a fault and without (goal:
 #         under a minute, compilation included; the model is kept in out/bench-8l).
 # Everything lands in OUTDIR/results.tar (the device tool returns at most 8 files); unpack it and
-# plot the matrix receipts on any machine (harness plot receipts/device/h200-default.json).
+# plot the matrix receipts on any machine (harness plot receipts/device/cuda-default.json).
 set -euo pipefail
 out=${1:?usage: tools/device_run.sh OUTDIR [check|bench|bf16|own|fairness|bisect|all|workers]}
 what=${2:-all}  # check | bench | bf16 | own | fairness | bisect | all | workers
@@ -72,23 +72,23 @@ PY
     export PRIMEWALK_GRAPHS=0
   fi
   tail -3 "$res/graph-smoke.txt"
-  python -m harness.cli device-check --out "$res/h200-device-check.json" > "$res/device-check.log" 2>&1 || echo "device-check exit $?"
+  python -m harness.cli device-check --out "$res/cuda-device-check.json" > "$res/device-check.log" 2>&1 || echo "device-check exit $?"
   tail -4 "$res/device-check.log"
-  python -m harness.cli device-walker --out "$res/h200-walker.json" > "$res/device-walker.log" 2>&1 || echo "device-walker exit $?"
+  python -m harness.cli device-walker --out "$res/cuda-walker.json" > "$res/device-walker.log" 2>&1 || echo "device-walker exit $?"
   tail -4 "$res/device-walker.log"
   t0=$(ms)
-  python -m harness.cli run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots || echo "run-matrix exit $?"
+  python -m harness.cli run-matrix --backend cuda --out "$res/cuda-default.json" --quiet --no-plots || echo "run-matrix exit $?"
   t1=$(ms)
   echo "default matrix, run-matrix --backend cuda wall (process, compilation included): $((t1 - t0)) ms" | tee -a "$res/walls.txt"
-  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/h200-stdlib.json" --quiet --no-plots || echo "run-matrix stdlib exit $?"
+  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --out "$res/cuda-stdlib.json" --quiet --no-plots || echo "run-matrix stdlib exit $?"
   t2=$(ms)
   echo "stdlib matrix, run-matrix --backend cuda wall (process, compilation included): $((t2 - t1)) ms" | tee -a "$res/walls.txt"
   # the Qwen3.5-layout bf16 model: every schedule on CUDA with bf16-resident weights (the default
   # for a bf16 checkpoint) and widened to float32; both must equal the CPU golden's digests
   for w in bf16 f32; do
     python -m harness.cli run-matrix --spec harness/specs/tiny-q35.toml --backend cuda --weights "$w" \
-      --out "$res/h200-tiny-q35-$w.json" --quiet --no-plots || echo "run-matrix tiny-q35 $w exit $?"
-    python -m harness.cli diff receipts/golden/tiny-q35.json "$res/h200-tiny-q35-$w.json" --digests-only \
+      --out "$res/cuda-tiny-q35-$w.json" --quiet --no-plots || echo "run-matrix tiny-q35 $w exit $?"
+    python -m harness.cli diff receipts/golden/tiny-q35.json "$res/cuda-tiny-q35-$w.json" --digests-only \
       | tee "$res/tiny-q35-$w-diff.txt" | tail -2 || echo "tiny-q35 $w diff exit $?"
   done
 fi
@@ -101,8 +101,8 @@ if [ "$what" = own ] || [ "$what" = all ]; then
   python -m harness.cli run-matrix --spec "$own/own.toml" --backend cuda --out "$res/own-cuda.json" --quiet --no-plots \
     || echo "own cuda exit $?"
   python -m harness.cli diff --digests-only "$res/own-cpu.json" "$res/own-cuda.json" | tee "$res/own-diff.txt" | tail -3
-  if [ -f "$res/h200-default.json" ]; then
-    python - "$res/h200-default.json" <<'PY' | tee -a "$res/walls.txt"
+  if [ -f "$res/cuda-default.json" ]; then
+    python - "$res/cuda-default.json" <<'PY' | tee -a "$res/walls.txt"
 import json, statistics, sys
 r = json.load(open(sys.argv[1]))
 chunks = [c["timings"]["chunk_wall_s"][0] for c in r["cells"] if c["timings"].get("chunk_wall_s")]
@@ -117,44 +117,44 @@ if [ "$what" = bf16 ] || [ "$what" = all ]; then
   python tools/probe_mma_gemm.py --out "$res/mma-gemm" > "$res/probe-mma-gemm.log" 2>&1 || echo "probe_mma_gemm exit $?"
   tail -12 "$res/probe-mma-gemm.log"
   t0=$(ms)
-  python -m harness.cli run-matrix --backend cuda --mode exact-bf16 --out "$res/h200-default-bf16.json" --quiet --no-plots || echo "run-matrix bf16 exit $?"
+  python -m harness.cli run-matrix --backend cuda --mode exact-bf16 --out "$res/cuda-default-bf16.json" --quiet --no-plots || echo "run-matrix bf16 exit $?"
   t1=$(ms)
   echo "default matrix exact-bf16, --backend cuda wall: $((t1 - t0)) ms" | tee -a "$res/walls.txt"
-  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 --out "$res/h200-stdlib-bf16.json" --quiet --no-plots || echo "run-matrix stdlib bf16 exit $?"
+  python -m harness.cli run-matrix --spec harness/specs/stdlib.toml --backend cuda --mode exact-bf16 --out "$res/cuda-stdlib-bf16.json" --quiet --no-plots || echo "run-matrix stdlib bf16 exit $?"
   t2=$(ms)
   echo "stdlib matrix exact-bf16, --backend cuda wall: $((t2 - t1)) ms" | tee -a "$res/walls.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # shellcheck disable=SC2086
-  python -m harness.cli bench --out "$res/h200-bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$res/bench.log" | tail -60 || echo "bench exit $?"
+  python -m harness.cli bench --out "$res/cuda-bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$res/bench.log" | tail -60 || echo "bench exit $?"
 fi
 if [ "$what" = fairness ] || [ "$what" = all ]; then
   [ -f out/bench-8l/config.json ] || python tools/make_bench8l.py --out out/bench-8l > "$res/make-bench8l.log" 2>&1 || echo "make_bench8l exit $?"
   python -m harness.cli fairness --spec harness/specs/fairness/bench-8l.toml --backend cuda \
-    --out "$res/h200-bench-8l.json" > "$res/fairness.log" 2>&1 || echo "fairness exit $?"
+    --out "$res/cuda-bench-8l.json" > "$res/fairness.log" 2>&1 || echo "fairness exit $?"
   tail -8 "$res/fairness.log"
 fi
 if [ "$what" = workers ]; then
   ngpu=$(nvidia-smi -L | wc -l)
   h="python -m harness.cli"
   t0=$(ms)
-  $h run-matrix --backend cuda --out "$res/h200-default.json" --quiet --no-plots || echo "run-matrix exit $?"
+  $h run-matrix --backend cuda --out "$res/cuda-default.json" --quiet --no-plots || echo "run-matrix exit $?"
   t1=$(ms)
-  $h run-matrix --backend cuda --workers 2 --out "$res/h200-default-w2.json" --quiet --no-plots 2> "$res/default-w2.err" || echo "run-matrix --workers 2 exit $?"
+  $h run-matrix --backend cuda --workers 2 --out "$res/cuda-default-w2.json" --quiet --no-plots 2> "$res/default-w2.err" || echo "run-matrix --workers 2 exit $?"
   t2=$(ms)
   echo "default matrix, cuda, single process: $((t1 - t0)) ms; --workers 2 on $ngpu GPU(s): $((t2 - t1)) ms (processes, compilation included)" | tee -a "$res/walls.txt"
-  $h diff --digests-only receipts/golden/default.json "$res/h200-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
-  $h diff "$res/h200-default.json" "$res/h200-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  $h diff --digests-only receipts/golden/default.json "$res/cuda-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  $h diff "$res/cuda-default.json" "$res/cuda-default-w2.json" | tail -1 | tee -a "$res/walls.txt"
   two="--workers 2"
   [ "$ngpu" -ge 2 ] && two="--gpus 0,1"
   t0=$(ms)
-  $h run-matrix --spec tools/specs/long.toml --workers 1 --out "$res/h200-long-w1.json" --quiet --no-plots || echo "long w1 exit $?"
+  $h run-matrix --spec tools/specs/long.toml --workers 1 --out "$res/cuda-long-w1.json" --quiet --no-plots || echo "long w1 exit $?"
   t1=$(ms)
-  $h run-matrix --spec tools/specs/long.toml $two --out "$res/h200-long-w2.json" --quiet --no-plots 2> "$res/long-w2.err" || echo "long w2 exit $?"
+  $h run-matrix --spec tools/specs/long.toml $two --out "$res/cuda-long-w2.json" --quiet --no-plots 2> "$res/long-w2.err" || echo "long w2 exit $?"
   t2=$(ms)
   echo "long matrix, one worker: $((t1 - t0)) ms; $two on $ngpu GPU(s): $((t2 - t1)) ms (processes, compilation included)" | tee -a "$res/walls.txt"
-  $h diff "$res/h200-long-w1.json" "$res/h200-long-w2.json" | tail -1 | tee -a "$res/walls.txt"
-  python - "$res/h200-long-w1.json" "$res/h200-long-w2.json" <<'PY' | tee -a "$res/walls.txt"
+  $h diff "$res/cuda-long-w1.json" "$res/cuda-long-w2.json" | tail -1 | tee -a "$res/walls.txt"
+  python - "$res/cuda-long-w1.json" "$res/cuda-long-w2.json" <<'PY' | tee -a "$res/walls.txt"
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 busy = lambda r: sum(w["busy_s"] for w in r["executor"]["workers"])
@@ -165,7 +165,7 @@ fi
 if [ "$what" = bisect ] || [ "$what" = all ]; then
   bis() {  # exit 1 (a divergence) is the expected result with a fault
     local name=$1 rc=0 t0; shift; t0=$(ms)
-    python -m harness.cli bisect "$@" --out "$res/h200-bisect-$name.json" > "$res/bisect-$name.log" 2>&1 || rc=$?
+    python -m harness.cli bisect "$@" --out "$res/cuda-bisect-$name.json" > "$res/bisect-$name.log" 2>&1 || rc=$?
     echo "bisect $name exit $rc wall $(( $(ms) - t0 )) ms: $*" | tee -a "$res/walls.txt"
     head -4 "$res/bisect-$name.log"
   }

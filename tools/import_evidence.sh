@@ -17,14 +17,14 @@ py=.venv/bin/python
 h="$py -m harness.cli"
 dev=receipts/device
 for m in default stdlib tiny-q35-bf16 tiny-q35-f32 tiny-w2 tiny-exact-bf16; do
-  cp "$ev/h200-$m.json" "$ev/h200-$m.csv" "$dev/"
+  cp "$ev/cuda-$m.json" "$ev/cuda-$m.csv" "$dev/"
 done
-cp "$ev/own-cuda.json" "$dev/h200-own.json"
-cp "$ev/own-cuda.csv" "$dev/h200-own.csv"
-cp "$ev/h200-device-check.json" "$ev/h200-walker.json" "$dev/"
+cp "$ev/own-cuda.json" "$dev/cuda-own.json"
+cp "$ev/own-cuda.csv" "$dev/cuda-own.csv"
+cp "$ev/cuda-device-check.json" "$ev/cuda-walker.json" "$dev/"
 cp "$ev/device-check.log" "$ev/device-walker.log" "$ev/diffs.txt" "$ev/nvidia-smi.txt" "$dev/logs/"
 sort "$ev/jobs.txt" > "$dev/logs/jobs.txt"
-cp "$ev"/h200-bisect-tiny-*.json receipts/bisect/
+cp "$ev"/cuda-bisect-tiny-*.json receipts/bisect/
 same() {  # a CPU receipt of the run replaces the committed one only with equal digests
   $h diff --digests-only "$2" "$1" > /dev/null || { echo "import_evidence: $1 differs from $2: not copied" >&2; return 1; }
   cp "$1" "$2"
@@ -33,21 +33,21 @@ same() {  # a CPU receipt of the run replaces the committed one only with equal 
 same "$ev/own-cpu.json" receipts/own/cpu.json
 same "$ev/cpu-tiny-exact-bf16.json" receipts/exact-bf16/cpu-tiny.json
 for m in default stdlib; do  # the mode's big matrices on CUDA (device_evidence.sh MODE_BF16=1), when run
-  if [ -f "$ev/h200-$m-exact-bf16.json" ]; then
+  if [ -f "$ev/cuda-$m-exact-bf16.json" ]; then
     if [ ! -f "receipts/exact-bf16/cpu-$m.json" ]; then
-      echo "import_evidence: no receipts/exact-bf16/cpu-$m.json to compare h200-$m-exact-bf16.json with (copied)" >&2
-    elif ! $h diff --digests-only "receipts/exact-bf16/cpu-$m.json" "$ev/h200-$m-exact-bf16.json" > /dev/null; then
-      echo "import_evidence: h200-$m-exact-bf16.json differs from receipts/exact-bf16/cpu-$m.json (copied: read the diff)" >&2
+      echo "import_evidence: no receipts/exact-bf16/cpu-$m.json to compare cuda-$m-exact-bf16.json with (copied)" >&2
+    elif ! $h diff --digests-only "receipts/exact-bf16/cpu-$m.json" "$ev/cuda-$m-exact-bf16.json" > /dev/null; then
+      echo "import_evidence: cuda-$m-exact-bf16.json differs from receipts/exact-bf16/cpu-$m.json (copied: read the diff)" >&2
     fi
-    cp "$ev/h200-$m-exact-bf16.json" "$ev/h200-$m-exact-bf16.csv" "$dev/"
+    cp "$ev/cuda-$m-exact-bf16.json" "$ev/cuda-$m-exact-bf16.csv" "$dev/"
   fi
 done
-MPLBACKEND=Agg $h plot "$dev/h200-default.json" > /dev/null
-MPLBACKEND=Agg $h plot "$dev/h200-stdlib.json" > /dev/null
+MPLBACKEND=Agg $h plot "$dev/cuda-default.json" > /dev/null
+MPLBACKEND=Agg $h plot "$dev/cuda-stdlib.json" > /dev/null
 if [ -n "$bench" ]; then
-  cp "$bench/h200-bench.json" receipts/bench/
-  cp "$bench/bench.log" receipts/bench/h200-bench.log
-  [ -f "$bench/h200-bench.prime_curve.png" ] && cp "$bench/h200-bench.prime_curve.png" receipts/bench/
-  $py tools/bench_table.py receipts/bench/h200-bench.json --readme README.md
+  cp "$bench/cuda-bench.json" receipts/bench/
+  cp "$bench/bench.log" receipts/bench/cuda-bench.log
+  [ -f "$bench/cuda-bench.prime_curve.png" ] && cp "$bench/cuda-bench.prime_curve.png" receipts/bench/
+  $py tools/bench_table.py receipts/bench/cuda-bench.json --readme README.md
 fi
 git status --short receipts

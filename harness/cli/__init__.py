@@ -27,12 +27,12 @@ EPILOG = """examples:
   harness run-matrix                          # the default matrix on the trained stdlib-small model (CPU)
   harness run-matrix --spec harness/specs/tiny.toml   # the quick matrix on the random tiny model
   harness run-matrix --spec my.toml --model ckpt/ --update-golden --golden golden/my.json
-  harness run-matrix --backend cuda --out receipts/device/h200-default.json
+  harness run-matrix --backend cuda --out receipts/device/cuda-default.json
   harness diff receipts/golden/default.json out/default.json
   harness check --prompt-len 257 --k 3
   harness generate --model stdlib-small --text "def main(" --max-new-tokens 64 --k 3
   harness logits --ids 1,2,3 --backend reference --out logits.npy
-  harness device-check --out receipts/device/h200-device-check.json
+  harness device-check --out receipts/device/cuda-device-check.json
   harness fairness --spec harness/specs/fairness/tiny.toml
   harness oracle --model ~/ckpt/Qwen3.5-35B-A3B   # a checkpoint against transformers
 """

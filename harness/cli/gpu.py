@@ -67,7 +67,7 @@ def cmd_bench(args) -> int:
 def register(sub) -> None:
     commit = os.environ.get("PRIMEWALK_COMMIT")
     p = sub.add_parser("device-check", help="every kernel and schedule on CUDA vs the CPU twin, bitwise")
-    p.add_argument("--out", default="receipts/device/h200-device-check.json", help="receipt path")
+    p.add_argument("--out", default="receipts/device/cuda-device-check.json", help="receipt path")
     p.add_argument("--commit", default=commit, help="commit the tree is at (recorded)")
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--seed", type=int, default=0)
@@ -80,12 +80,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_device_check)
 
     p = sub.add_parser("device-walker", help="prime-walker check and speculative decoding on CUDA vs CPU, digests")
-    p.add_argument("--out", default="receipts/device/h200-walker.json", help="receipt path")
+    p.add_argument("--out", default="receipts/device/cuda-walker.json", help="receipt path")
     p.add_argument("--commit", default=commit, help="commit the tree is at (recorded)")
     p.set_defaults(func=cmd_device_walker)
 
     p = sub.add_parser("bench", help="bench-8l on CUDA vs transformers and hardware anchors (needs a GPU, torch)")
-    p.add_argument("--out", default="receipts/bench/h200-bench.json")
+    p.add_argument("--out", default="receipts/bench/cuda-bench.json")
     p.add_argument("--commit", default=commit)
     p.add_argument("--quick", action="store_true", help="prime curve at 4096 and 16384 only, for a fast run")
     p.add_argument("--lengths", help="prime curve lengths, comma-separated (default 4096,16384,32768,131072)")

@@ -166,7 +166,7 @@ def _register_run_matrix(subparsers) -> None:
         epilog="examples:\n"
                "  harness run-matrix                                   # built-in default spec (stdlib-small), cpu\n"
                "  harness run-matrix --spec my.toml --out out/my.json\n"
-               "  harness run-matrix --backend cuda --out receipts/device/h200-default.json\n"
+               "  harness run-matrix --backend cuda --out receipts/device/cuda-default.json\n"
                "  harness run-matrix --shard 0/2 --out out/s0.json && harness run-matrix --shard 1/2 "
                "--out out/s1.json\n"
                "  harness merge out/default.json out/s0.json out/s1.json\n"
@@ -272,7 +272,7 @@ def _register_diff_merge(subparsers) -> None:
         epilog="examples:\n"
                "  harness diff receipts/golden/default.json out/default.json\n"
                "  harness diff --digests-only receipts/golden/default.json \\\n"
-               "                              receipts/device/h200-default.json\n"
+               "                              receipts/device/cuda-default.json\n"
                "  harness diff --timing-tolerance 10 out/before.json out/after.json\n"
                "exit status: 0 equal, 1 drift, 2 unusable input",
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -395,7 +395,7 @@ def _goal_value(name: str, v) -> str:
     return f"{v:.3f} ×"
 
 
-def readme_markdown(r: dict, path: str = "receipts/bench/h200-bench.json") -> str:
+def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> str:
     """The README's Performance tables from bench result ``r`` (read from ``path``): the run and
     its anchors, the prime length curve, decode, speculative decoding and the goals -- every
     number read from ``r``, so the README cannot drift from the committed JSON

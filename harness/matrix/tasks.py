@@ -42,7 +42,8 @@ from .specfile import MatrixSpec
 # order of the estimates matters (it decides which tasks go first), so these are round numbers
 # read off committed receipts, not fitted constants.
 TOKENWISE_ROW = 4.0  # a token-by-token prompt row costs ~4 batched rows (1.3x on 2 CPU cores,
-#                      6x on an H200: receipts/golden/default.json, receipts/device/h200-default.json)
+#                      6x on an H200: receipts/golden/default.json and the CUDA receipt of that time,
+#                      now receipts/device/cuda-default.json)
 DECODE_ROW = 4.0  # one continuation token (speculative, then plain) costs ~4 batched rows
 #                   (1.2x on 2 CPU cores, 8x on an H200, same receipts)
 ATTENTION_ROWS = 4096  # attention doubles a row's cost about every 4096 positions of context
