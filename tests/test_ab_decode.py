@@ -39,7 +39,7 @@ _FAKE_PROFILE = """#!/bin/sh
 # marker) takes BASE_US a step, this tree THIS_US
 out=$(echo "$@" | sed 's/.*--out \\([^ ]*\\).*/\\1/')
 us=$THIS_US; [ -f BASE_MARKER ] && us=$BASE_US
-printf '{"steps": {"1": {"whole_us": %s, "replay_device_us": %s, "captured_equals_eager": true}}}' $us $us > "$out"
+printf '{"device": "cuda: FAKE GPU", "steps": {"1": {"whole_us": %s, "replay_device_us": %s, "captured_equals_eager": true}}}' $us $us > "$out"
 """
 
 
@@ -65,5 +65,6 @@ def test_runs_both_trees_into_a_relative_outdir_and_says_which_is_faster(tmp_pat
     rc, got, out = _ab(tmp_path / "a", 900.0, 820.0)
     assert rc == 0 and got == {"base": 900.0, "this": 820.0}, out
     assert "rows 1: base 900.0 us, this 820.0 us" in out
+    assert "device: cuda: FAKE GPU" in out  # the device this tree's profile names
     rc, got, _ = _ab(tmp_path / "b", 800.0, 820.0)
     assert rc == 1 and got == {"base": 800.0, "this": 820.0}

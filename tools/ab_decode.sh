@@ -33,7 +33,9 @@ for side in base this; do
 done
 python3 - "$out/base.json" "$out/this.json" <<'PY'
 import json, sys
-a, b = (json.load(open(p))["steps"] for p in sys.argv[1:3])
+docs = [json.load(open(p)) for p in sys.argv[1:3]]
+a, b = (d["steps"] for d in docs)
+print(f"device: {docs[1].get('device', 'not recorded')}")
 ok = True
 for r in a:
     eq = b[r].get("captured_equals_eager", True) and a[r].get("captured_equals_eager", True)
