@@ -495,3 +495,18 @@ def test_bf16_decode_bytes_count_each_matrix_at_two_bytes():
     mats = sum(ck.tensors[k].size for k in bf16.matrix_names(ck.tensors)
                if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
     assert f32 - b16 == 2 * mats and b16 < 0.6 * f32
+
+
+def test_goals_on_another_gpu_than_the_issues_say_so():
+    """The goals are stated for an H200: a bench from another GPU says, beside its goals, that
+    `met` reads that run against the targets (README tables and the printed table); an H200's
+    bench, or one that names no device, says nothing more."""
+    r = json.loads(json.dumps(make_bench_result()))
+    for device, says in (("cuda: NVIDIA H200 (cc 9.0)", False), ("", False),
+                         ("cuda: NVIDIA H100 80GB HBM3 (cc 9.0)", True)):
+        r["device"] = device
+        note = rep.goals_device_note(r)
+        assert bool(note) == says, device
+        assert (note in rep.readme_markdown(r)) if says else ("The goals (the JSON's `goals` block):" in rep.readme_markdown(r))
+        assert ("note goals:" in table(r)) == says
+    assert "NVIDIA H100 80GB HBM3 (cc 9.0)" in note and "cuda:" not in note and "H200" in note

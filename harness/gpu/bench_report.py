@@ -338,6 +338,21 @@ GOAL_ORDER = (
 )
 
 
+#: the GPU the issues state their goals for (#15, #16 and #19: "bench-8l, H200")
+GOALS_DEVICE = "H200"
+
+
+def goals_device_note(r: dict) -> str:
+    """A sentence for a bench that ran on another GPU than the goals' (empty on an H200): its
+    ``met`` column reads that run against the targets; it does not say the issue's goal is met."""
+    device = str(r.get("device") or "")
+    if not device or GOALS_DEVICE in device:
+        return ""
+    return (f"The issues state these goals for an {GOALS_DEVICE}, and this run's device is "
+            f"{device.removeprefix('cuda: ')}: `met` compares this run with the targets; it does "
+            f"not say that a goal is met on an {GOALS_DEVICE}.")
+
+
 def _ms(v) -> str:
     return "-" if _num(v) is None else f"{v:.3f} ms"
 
@@ -451,7 +466,8 @@ def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> st
                            f"{_rate(s.get('spec_tokens_per_s'))} | {'-' if acc is None else f'{acc:.2f}'} | "
                            f"{_ms(s.get('draft_step_ms'))} | {_ms(s.get('verify_step_ms'))} |")
     goals = r.get("goals") or {}
-    out += ["", "The goals (the JSON's `goals` block):", "",
+    note = goals_device_note(r)
+    out += ["", f"The goals (the JSON's `goals` block). {note}" if note else "The goals (the JSON's `goals` block):", "",
             "| issue | goal | measured | target | met |", "|---|---|---|---|---|"]
     order = list(GOAL_ORDER) + [("", n) for n in goals if n not in {g for _, g in GOAL_ORDER}]
     for issue, name in order:
