@@ -81,7 +81,7 @@ def record() -> int:
     seen: dict = {}
     run = kc._NS["launch"]
 
-    def recording_launch(kernel, grid, block, *args):
+    def recording_launch(kernel, grid, block, *args, **kw):
         """The launchers' ``launch`` (they look it up in the CUDA namespace): note what is launched
         with which argument types, then launch it as before."""
         if isinstance(kernel, launch.Kernel):
@@ -98,7 +98,7 @@ def record() -> int:
         entry = seen.setdefault(key, dict(what, sigs=[]))
         if sig not in entry["sigs"]:
             entry["sigs"].append(sig)
-        return run(kernel, grid, block, *args)
+        return run(kernel, grid, block, *args, **kw)  # kw: pdl (launch.launch)
 
     kc._NS["launch"] = recording_launch
     try:
