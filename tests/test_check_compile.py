@@ -4,6 +4,7 @@ that the CUDA compiler rejects reported as a failure (the simulator would have r
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -163,3 +164,42 @@ def test_sass_needs_ptxas_and_nvdisasm_or_says_so(monkeypatch, capsys):
     assert chk.main(["--mma-only", "--only", "mma_pack_x_k", "--sass", "/tmp/never-made"]) == 2
     assert "--sass needs ptxas on PATH" in capsys.readouterr().err
     assert not os.path.exists("/tmp/never-made")
+
+
+_RECORD_PDL = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+import numpy as np
+import cudasim_run
+import check_compile as chk
+from numba_kernels import cuda as kc
+
+
+def one_case():  # a launch with launch.launch's pdl keyword, as the GEMVs' launchers make it
+    X, out = np.ones((1, 64), np.float32), np.zeros((1, 64), np.float32)
+    kc._NS["launch"](kc._NS["rmsnorm_k"], 1, 32, X, np.zeros(64, np.float32), np.float32(1e-6), out, 0, 1, None,
+                     pdl=True)
+    cudasim_run.CASES.append({"kernels": ["rmsnorm_k"], "bitwise": True, "cuda_op": "rmsnorm", "case": "pdl"})
+
+
+cudasim_run.op_cases = one_case
+sys.exit(chk.record())
+"""
+
+
+def test_record_passes_launch_keywords_through(tmp_path):
+    """The simulator step records a launch made with ``pdl=True`` (launch.launch's keyword) and
+    launches it: before, its recording stand-in took positional arguments only and the whole run
+    failed at the first such launch."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "rec.py"
+    script.write_text(_RECORD_PDL)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=root)
+    p = subprocess.run([sys.executable, str(script), root], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith(chk.MARK))
+    rec = json.loads(line[len(chk.MARK):])
+    assert [k["name"] for k in rec["kernels"]] == ["rmsnorm_k"] and not rec["missed"] and not rec["not_bitwise"]
