@@ -711,8 +711,9 @@ def table(r) -> str:
     out += table_lines(r)
     for k, x in (r.get("ratios") or {}).items():
         out.append(f"ratio {k}: {v(x)}")
-    if r.get("goals") and rep.goals_device_note(r):
-        out.append(f"note goals: {rep.goals_device_note(r)}")
+    note = rep.goals_device_note(r) if r.get("goals") else ""
+    if note:
+        out.append(f"note goals: {note}")
     for k, g in (r.get("goals") or {}).items():
         if isinstance(g, dict):
             met = {True: "met", False: "NOT met"}.get(g["met"], str(g["met"]))
