@@ -200,6 +200,19 @@ def op_cases():
     ang = np.outer(np.arange(80), 10000.0 ** (-np.arange(2) / 2.0))
     cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
     case("copy_i32", "n5-of-7", (np.arange(7, dtype=np.int32) - 3, np.full(7, 9, np.int32), 5), [1])
+    # the greedy pick (numpy.argmax): one block and several, equal maxima in different blocks,
+    # NaNs, signed zeros, all -inf, +inf everywhere but the first values
+    picks = {"V7": r(1, 7), "V4100": r(1, 4100), "V2049-ties": r(1, 2049)}
+    picks["V2049-ties"][0, [5, 2048]] = 9.0
+    picks["V4100-nan"] = r(1, 4100)
+    picks["V4100-nan"][0, [2500, 4000]] = np.nan
+    picks["V4100-zeros"] = np.zeros((1, 4100), F32)
+    picks["V4100-zeros"][0, [0, 3000]] = -0.0
+    picks["V4100-neg-inf"] = np.full((1, 4100), -np.inf, F32)
+    picks["V4100-inf"] = np.full((1, 4100), np.inf, F32)
+    picks["V4100-inf"][0, :5] = 1.0
+    for cid, lg in picks.items():
+        case("greedy_pick", cid, (lg, np.array([70, 3], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
     for pos in (False, True):
         case("rope", "R2-H3-D8-p70", (r(2, 3 * 8), 3, 8, 2, cos, sin, 70, 2), [0], pos=pos)
         case("kv_write", "R2-p70", (r(2, 20), 3, r(2, 30), 11, np.zeros((75, 8), F32), np.zeros((75, 8), F32), 70, 2),
@@ -421,6 +434,18 @@ def model_steps():
         step(f"decode p{12 + i} after reset (replayed)", 1, lambda e, s: e.decode_step(s, int(ids[12 + i])))
     step("verify p14 R5 after reset", 5, lambda e, s: e.target_step(s, ids[14:19], capture=True))
     rollback(2)
+    # chained greedy steps (Engine.decode_greedy): each slot run eagerly, captured, replayed; the
+    # logits of every step compared, the device's picks checked against numpy's argmax of them
+    last = {}
+
+    def greedy(e, s, n):
+        picks, L = e.decode_greedy(s, last.get(id(e), int(ids[16])), n, keep_logits=True)
+        assert picks == [int(np.argmax(x)) for x in L], picks
+        last[id(e)] = picks[-1]
+        return (L,)
+
+    step("greedy p16 n5 (eager, captured)", 1, lambda e, s: greedy(e, s, 5))
+    step("greedy p21 n4 (replayed)", 1, lambda e, s: greedy(e, s, 4))
     return steps
 
 

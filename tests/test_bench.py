@@ -222,6 +222,30 @@ def test_goals_block_has_every_goal_of_15_and_16():
     assert g2["prime_131072_s"]["met"] == "n/a" and g2["prime_32768_s"]["met"] is False
 
 
+def test_verify_and_draft_steps_are_measured_against_the_stepwise_decode():
+    """A verify or draft step is timed alone, the host waiting for it: its ratio's denominator
+    is the decode step timed alike (stepwise) where the JSON has it, not the chained figure."""
+    r = make_bench_result()
+    r["primewalk"].update(decode_512_ms_per_token=0.8, decode_512_stepwise_ms_per_token=1.0)
+    g = rep.goals_block(r)
+    assert g["verify_step_over_decode"]["value"] == pytest.approx(1.2 / 1.0)
+    assert g["draft_step_k3_over_decode"]["value"] == pytest.approx(0.4 / 1.0)
+    assert g["decode_512_over_floor"]["value"] == pytest.approx(0.8 / 0.81)
+
+
+def test_decode_table_shows_chained_and_stepwise():
+    r = make_bench_result()
+    old = rep.readme_markdown(r)
+    assert "stepwise ms/token" not in old and "| primewalk exact, 512 context | 1.100 ms |" in old
+    r["primewalk"].update(decode_512_ms_per_token=0.8, decode_512_stepwise_ms_per_token=1.0,
+                          decode_chained_equals_stepwise=True)
+    r["primewalk"]["mma"] = {"decode_512_ms_per_token": 0.7, "bf16_decode_floor_ms": 0.405,
+                             "decode_512_stepwise_ms_per_token": 0.9, "decode_chained_equals_stepwise": False}
+    md = rep.readme_markdown(r)
+    assert "| primewalk exact, 512 context | 0.800 ms | 0.988 × | 1.000 ms (bitwise equal) |" in md
+    assert "0.900 ms (**differ**)" in md and "| transformers fp32, 512 | 11.000 ms | | |" in md
+
+
 def test_curve_figure_is_written_next_to_the_json_deterministically(tmp_path):
     r = make_bench_result()
     out = str(tmp_path / "cuda-bench.json")
@@ -386,6 +410,8 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
     bf = back["goals"]["bf16_decode_512_over_bf16_floor"]  # bench-8l rounded to bf16, resident as bf16 bits
     assert isinstance(bf["value"], float) and bf["value"] > 0 and bf["met"] in (True, False), bf
     assert back["primewalk"]["bf16"]["decode_bytes"] < 0.6 * back["weights_bytes_decode"]
+    for part in (back["primewalk"], back["primewalk"]["bf16"]):  # the chained decode beside the stepwise one
+        assert part["decode_chained_equals_stepwise"] is True and part["decode_512_stepwise_ms_per_token"] > 0
     assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
     assert "goal prime_4096_vs_hf_fp32" in bench.table(back)
 
@@ -451,6 +477,7 @@ def test_mma_part_on_the_cpu_twin(left):
     m = bench_mma.measure(ck, ids, ids[:16], bench.Timer(lambda: None), False, time_left=lambda: left,
                           floor_ms=0.5, backend="cpu")
     assert m["mode"] == "exact-bf16" and m["prime_4096_tokens_per_s"] > 0 and m["decode_512_ms_per_token"] > 0
+    assert m["decode_chained_equals_stepwise"] is True and m["decode_512_stepwise_ms_per_token"] > 0
     assert m["prime_32768_s"] == "skipped" and "left" in m["prime_32768_skipped"]
     if left:
         prof = m["profile_prime_4096"]

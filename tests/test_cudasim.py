@@ -133,7 +133,7 @@ def test_captured_steps_store_their_logits_in_mapped_host_memory(sim):
     """Steps small enough to capture (decode, verify, MTP rows: eager, captured and replayed) get
     their logits from the lm head storing into one of the cache's mapped ring buffers, with no
     download (the bits: the test above); primes (too large to capture) download theirs."""
-    steps = [s for s in sim["model"] if s.get("mapped_logits") is not None]
+    steps = [s for s in sim["model"] if s.get("mapped_logits") is not None and not s["step"].startswith("greedy")]
     small = [s["step"] for s in steps if s["rows"] <= 8 and not s["mapped_logits"]]
     large = [s["step"] for s in steps if s["rows"] > 8 and s["mapped_logits"]]
     assert not small and not large, (small, large)
@@ -166,3 +166,14 @@ def test_bf16_weights_match_widened_float32_bitwise(sim):
     steps = [s for s in sim["model"] if s["step"].startswith("bf16 ")]
     assert len(steps) >= 6 and all(s["logits_bitwise"] is True and s["digest_equal"] is True for s in steps), steps
     assert set().union(*(s["kernels"] for s in steps)), "no kernel ran"
+
+
+def test_greedy_steps_chain_on_the_device(sim):
+    """Engine.decode_greedy's steps (bitwise: the test above) pick their successor's token on the
+    device (greedy_pick's two kernels) and take no input from the host (no copy_i32: the captured
+    decode step's first kernel, which copies the host's token and position in)."""
+    steps = [s for s in sim["model"] if s["step"].startswith("greedy")]
+    assert len(steps) == 2 and all(s["logits_bitwise"] and s["digest_equal"] for s in steps), steps
+    for s in steps:
+        assert {"greedy_pick_part_k", "greedy_pick_final_k"} <= set(s["kernels"]), s
+        assert "copy_i32_k" not in s["kernels"], s

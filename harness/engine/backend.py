@@ -72,6 +72,21 @@ class CpuBackend:
     def mapped_target(self, shape, dtype=np.float32):
         return None  # logits are host arrays already
 
+    def pinned_empty(self, shape, dtype=np.float32):
+        return np.empty(shape, dtype)
+
+    def download_async(self, dst, src):
+        dst[...] = src  # the CPU's launches ran already
+
+    def event(self):
+        return None
+
+    def record(self, ev):
+        pass
+
+    def wait(self, ev):
+        pass
+
     def synchronize(self):
         pass
 
@@ -287,6 +302,42 @@ class CudaBackend:
         token = _StepToken()
         entry[1] = weakref.ref(token)
         return pooled_device_array(entry[0].gpu_data, shape, dtype, token)
+
+    # ---- chained steps (Engine.decode_greedy): the host waits for one step, not for all -------
+    def pinned_empty(self, shape, dtype=np.float32):
+        """Host memory a :meth:`download_async` lands in (pinned: the copy runs on the stream)."""
+        return self.cuda.pinned_array(shape, dtype)
+
+    def download_async(self, dst, src):
+        """Queue the copy of device array ``src`` into pinned host array ``dst`` on the stream
+        every launch goes to, behind them; :meth:`wait` on an event recorded after it tells when
+        it is done (under the simulator: copied at once)."""
+        if self._drv is None:
+            dst[...] = src.copy_to_host()
+        else:
+            self._drv.device_to_host(dst, src, src.nbytes, stream=self._legacy())
+
+    def event(self):
+        """An event for :meth:`record` / :meth:`wait` (None under the simulator: it runs each
+        launch at once)."""
+        return None if self._drv is None else self.cuda.event(timing=False)
+
+    def record(self, ev):
+        """Mark the stream's current end in ``ev``."""
+        if ev is not None:
+            ev.record(stream=self._legacy())
+
+    def wait(self, ev):
+        """Block the host until the work issued before ``ev``'s :meth:`record` is done (later
+        work may still run)."""
+        if ev is not None:
+            ev.synchronize()
+
+    def _legacy(self):
+        s = self.__dict__.get("_legacy_stream")
+        if s is None:
+            s = self._legacy_stream = self.cuda.legacy_default_stream()
+        return s
 
     def synchronize(self):
         self.cuda.synchronize()

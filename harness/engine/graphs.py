@@ -83,6 +83,25 @@ class StepRunner:
         graph.replay()
         return out
 
+    def run_chained(self, cache, key, body, start, pos, keep):
+        """Run ``body(start, pos)`` -- a chained step: its inputs are on the device already (the
+        previous step's last kernel wrote its token, and its position into ``pos``) -- and return
+        its outputs. ``key`` None: eagerly, ``start`` a scalar and ``pos`` not read. Otherwise as
+        :meth:`run`: the first call of ``key`` on ``cache`` runs eagerly reading the position
+        from ``pos``, the second captures the body and replays it, later calls replay; nothing
+        is written from the host (a replay may be issued while the step before it still runs)."""
+        if key is None:
+            return body(start, None)
+        g = cache.graphs.get(key)
+        if g is None:
+            if key not in cache.graph_seen:
+                cache.graph_seen.add(key)
+                return body(0, pos)
+            graph, out = self.ops.capture(lambda: body(0, pos), keep())
+            g = cache.graphs[key] = (graph, out, None, None)
+        g[0].replay()
+        return g[1]
+
     def _upload(self, name, v):
         """An input of an eager step on the backend: token ids (``ids``) through the reused ids
         buffer, backend arrays as they are, host arrays uploaded."""

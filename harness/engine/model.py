@@ -560,6 +560,105 @@ class Engine:
         logits, hidden = self._trunk(sess, [int(token)], 1)
         return logits[0], hidden
 
+    def decode_greedy(self, sess, token, n, keep_logits=False):
+        """``n`` greedy decode steps from ``token`` (the token at ``sess.cache.pos``): each step
+        runs its token and picks the next, ``numpy.argmax`` of its logits (the first of equal
+        maxima; a NaN before any number). Returns (the ``n`` picks as ints -- the last one not
+        yet run, as after ``n`` :meth:`decode_step` calls each fed the previous pick -- and,
+        with ``keep_logits``, the steps' logits [n, V] host float32, else None).
+
+        Bitwise those ``n`` :meth:`decode_step` calls (the same kernels on the same rows) with
+        the pick on the device (op ``greedy_pick``): its last kernel writes the next step's
+        token and position, so step t + 1 is issued before the host waits for step t, and the
+        host's work of a step (reading the pick and the NaN/Inf flags, taking the logits)
+        overlaps the device's. Each step has its own flags, pick and pinned logits buffer, one
+        of two that alternate; on a GPU each is captured once per cache (``("greedy", slot)``)
+        and replayed. A NaN/Inf raises :class:`NumericError` as :meth:`decode_step` does, once
+        the step issued after it is done too (the session is unusable then either way). A
+        recording trace (bisect) runs the :meth:`decode_step` calls themselves."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise InputError(f"decode_greedy: n must be a positive integer, got {n!r}")
+        n = int(n)
+        tok = int(self.check_ids([int(token)], "decode token")[0])
+        self._check_session(sess, n)
+        if getattr(sess, "trace", None) is not None:
+            return self._greedy_stepwise(sess, tok, n, keep_logits)
+        c, B, ch = sess.cache, self.B, self._chain()
+        start = c.pos
+        io, picked, flags, pin, ev = ch["io"], ch["picked"], ch["flags"], ch["pin"], ch["ev"]
+        B.copy_into(io, np.array([start, tok], np.int32))
+        out = np.empty((n, self.cfg.vocab_size), F32) if keep_logits else None
+        picks, last = [], None
+
+        def finish(t):
+            """Wait for step t; its pick and logits to the host; raise on its flags."""
+            s = t % 2
+            B.wait(ev[s])
+            if flags is not None and ch["flags_host"][s].any():
+                B.synchronize()  # the step after it was issued: let it end before raising
+                f = ch["flags_host"][s]
+                where = ch["names"][int(np.flatnonzero(f)[0])]
+                c.pos = start + min(t + 2, n)
+                c.poisoned = f"{where} produced NaN or Inf"
+                raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
+            picks.append(int(ch["picked_host"][s]))
+            if out is not None:
+                out[t] = pin[s][0]
+
+        for t in range(n):
+            s = t % 2
+            fl = None if flags is None else flags[s]
+            if fl is not None:
+                ch["flags_host"][s][...] = 0  # step t - 2, its last user, was waited for
+
+            def body(at, pos, s=s, fl=fl):
+                logits, _, last_row = self._trunk_body(c, ch["ids"], 1, 1, at, pos, False, None, fl)
+                self.ops.greedy_pick(logits, io, picked, s)
+                return logits, last_row
+
+            key = ("greedy", s) if self._captured(("greedy", s)) is not None else None
+            logits, last = self.steps.run_chained(
+                c, key, body, start + t, ch["pos"],
+                lambda: [c, self.cos, self.sin, io, picked, self._no_flags, *(flags or ()), *self._ws.values()])
+            if out is not None:
+                B.download_async(pin[s], logits)
+            B.record(ev[s])
+            if t:
+                finish(t - 1)
+        c.pos = start + n
+        c.last_h = B.clone(last, step=True)  # queued behind the last step
+        finish(n - 1)
+        return picks, out
+
+    def _greedy_stepwise(self, sess, tok, n, keep_logits):
+        """:meth:`decode_greedy` as the :meth:`decode_step` calls it stands for."""
+        picks, rows = [], []
+        for _ in range(n):
+            logits, _ = self.decode_step(sess, tok)
+            tok = int(np.argmax(logits))
+            picks.append(tok)
+            if keep_logits:
+                rows.append(np.array(logits, copy=True))
+        return picks, (np.stack(rows) if keep_logits else None)
+
+    def _chain(self):
+        """:meth:`decode_greedy`'s buffers, made once: the chained steps' int32 [position, token]
+        on the device (``io``, and its two views), the two slots' picks and NaN/Inf flags (mapped
+        host memory the kernels write), pinned logits buffers and events."""
+        ch = self.__dict__.get("_chain_bufs")
+        if ch is None:
+            B, V = self.B, self.cfg.vocab_size
+            io = B.zeros((2,), np.int32)
+            picked = B.mapped_zeros((2,), np.int32)
+            ch = dict(io=io, pos=io[0:1], ids=io[1:2], picked=picked, picked_host=host_view(picked),
+                      pin=[B.pinned_empty((1, V)) for _ in range(2)], ev=[B.event() for _ in range(2)], flags=None)
+            if self.check_finite:  # one slot per layer and the lm head, as :meth:`_flags`
+                ch["names"] = [L["name"] for L in self.layers] + ["lm_head"]
+                ch["flags"] = [B.mapped_zeros((len(self.layers) + 3,), np.int32) for _ in range(2)]
+                ch["flags_host"] = [host_view(f) for f in ch["flags"]]
+            self._chain_bufs = ch
+        return ch
+
     def target_step(self, sess, ids, capture=False):
         """Verify rows: (logits [R, V] host, hidden [R, H] backend); ``capture`` keeps per-row
         DeltaNet state for :meth:`rollback`."""

@@ -325,14 +325,27 @@ def _fill_random_context(engine, sess, n, rng):
     c.pos = n
 
 
-def decode_ms(eng, sess, n=32, warmup=None):
+def decode_ms(eng, sess, n=32, warmup=None, chained=True):
     """Milliseconds per greedy decode step on ``sess`` (compilation and first touch excluded).
-    The warm-up covers the captures: a captured step runs once eagerly and is captured at its
-    second run, once per mapped logits buffer it stores into (``Engine._logits_slot``; a loop
-    holding the last logits alternates two), so the default runs every buffer's first two
-    steps before the clock starts."""
+
+    ``chained`` (the figure the goals read): :meth:`Engine.decode_greedy`, ``n`` steps in one
+    call with every step's logits brought to the host (``keep_logits``) -- the pick on the
+    device, so the host's work of a step overlaps the next step's. Its warm-up (one call of
+    four steps) runs each of its two slots eagerly and captured. Else (``stepwise``): ``n``
+    :meth:`Engine.decode_step` calls with numpy's argmax between them, the host waiting for
+    each step; its warm-up covers the captures: a captured step runs once eagerly and is
+    captured at its second run, once per mapped logits buffer it stores into
+    (``Engine._logits_slot``; a loop holding the last logits alternates two), so the default
+    runs every buffer's first two steps before the clock starts."""
     from ..engine.model import LOGIT_RING
 
+    if chained:
+        picks, _ = eng.decode_greedy(sess, 1, 4 if warmup is None else max(int(warmup), 1), keep_logits=True)
+        eng.B.synchronize()
+        t0 = time.perf_counter()
+        eng.decode_greedy(sess, picks[-1], n, keep_logits=True)
+        eng.B.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
     warmup = 2 * (LOGIT_RING + 1) if warmup is None else warmup
     tok = 1
     for _ in range(warmup):
@@ -345,6 +358,37 @@ def decode_ms(eng, sess, n=32, warmup=None):
         tok = int(np.argmax(logits))
     eng.B.synchronize()
     return (time.perf_counter() - t0) / n * 1e3
+
+
+def chained_equals_stepwise(eng, make_session, n=16):
+    """Whether :meth:`Engine.decode_greedy` gives the picks and logits (bitwise) and the cache
+    digest of ``n`` :meth:`Engine.decode_step` calls fed numpy's argmax, from two sessions
+    ``make_session()`` primed alike -- checked beside the timing, on the engine it times."""
+    a, b = make_session(), make_session()
+    tok, picks, rows = 1, [], []
+    for _ in range(n):
+        lg, _ = eng.decode_step(a, tok)
+        tok = int(np.argmax(lg))
+        picks.append(tok)
+        rows.append(np.array(lg, copy=True))
+    got, logits = eng.decode_greedy(b, 1, n, keep_logits=True)
+    return bool(got == picks and np.array_equal(logits.view(np.uint32), np.stack(rows).view(np.uint32))
+                and a.cache.digest() == b.cache.digest())
+
+
+def _primed(eng, ids):
+    """A session of ``eng`` primed with ``ids`` (128 positions to spare)."""
+    s = eng.new_session(len(ids) + 128)
+    eng.prime(s, ids)
+    return s
+
+
+def decode_figures(eng, make_session, reps=1):
+    """The decode figures of one engine at one context: chained (the median of ``reps`` runs),
+    stepwise, and whether the two are bitwise the same decode."""
+    return {"decode_512_ms_per_token": _median([decode_ms(eng, make_session()) for _ in range(reps)]),
+            "decode_512_stepwise_ms_per_token": decode_ms(eng, make_session(), chained=False),
+            "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
 def spec_run(eng, prompt, k, new_tokens=64):
@@ -483,8 +527,8 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
         return budget.left() > seconds
 
     res["gemm"] = guarded(lambda: gemm_rates(eng, timer), errors, "gemm rates")
-    res["decode_512_ms_per_token"] = guarded(lambda: _median([decode_ms(eng, prime_session(512)) for _ in range(2)]),
-                                             errors, "decode 512")
+    got = guarded(lambda: decode_figures(eng, lambda: prime_session(512), reps=2), errors, "decode 512")
+    res.update(got if isinstance(got, dict) else {"decode_512_ms_per_token": got})
     if eng.graphs:
         eng.graphs = False  # the same steps with every launch issued from Python
         res["decode_512_uncaptured_ms_per_token"] = guarded(lambda: decode_ms(eng, prime_session(512)), errors,
@@ -625,7 +669,7 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
             e16, nbytes = bf16_engine(ck)
             s = e16.new_session(512 + 128)
             e16.prime(s, ids512)
-            return {"decode_512_ms_per_token": decode_ms(e16, s), "decode_bytes": nbytes,
+            return {**decode_figures(e16, lambda: _primed(e16, ids512)), "decode_bytes": nbytes,
                     "floor_ms": nbytes / bw * 1e3}
 
         got16 = guarded(bf16_decode, errors, "bf16 decode")

@@ -57,18 +57,9 @@ def measure(ck, ids4096, ids512, timer, quick, time_left=lambda: float("inf"), f
         warm = cold <= SMALL_32K_S or cold < time_left()
         res["prime_32768_s"] = timer(lambda: prime(L, ids_long), reps=1, warmup=0) if warm else cold
         res["prime_32768_runs"] = "cold, then warm (the warm one counts)" if warm else "one cold run (no time for a second)"
-    s = prime(len(ids512), ids512)
-    tok = 1
-    for _ in range(2):
-        logits, _ = eng.decode_step(s, tok)
-        tok = int(np.argmax(logits))
-    eng.B.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(32):
-        logits, _ = eng.decode_step(s, tok)
-        tok = int(np.argmax(logits))
-    eng.B.synchronize()
-    res["decode_512_ms_per_token"] = (time.perf_counter() - t0) / 32 * 1e3
+    from .bench import decode_figures  # chained (the goal's figure), stepwise, and the two bitwise alike
+
+    res.update(decode_figures(eng, lambda: prime(len(ids512), ids512)))
     res["bf16_decode_floor_ms"] = floor_ms
     if not quick and time_left() > 4 * res["prime_4096_s"] + 10:  # where the 4096 prime's time goes
         from .bench import profile_step

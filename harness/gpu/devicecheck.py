@@ -8,7 +8,9 @@
    tokenwise, batched and split primes on both backends; last-row logits, per-row logits and
    cache digests are compared across backends and across schedules. ``tiny-q35`` runs with its
    weights bf16-resident on CUDA (the default for a bf16 checkpoint) and again widened to float32
-   (``*-f32-weights``): both must be the CPU twin's bits.
+   (``*-f32-weights``): both must be the CPU twin's bits. Each also decodes greedily after the
+   prompt (``greedy``: ``Engine.decode_greedy``'s chained steps, captured and, ``greedy-uncaptured``,
+   not), compared with the CPU twin's and with the ``decode_step`` calls it stands for.
 
 The receipt (device, driver, commit, per-op and per-schedule verdicts) is written atomically.
 """
@@ -210,6 +212,22 @@ def op_cases(rng, full: bool = True):
     bad[2, 7] = np.nan
     add("nonfinite_flag", "R4-N33-nan", (bad, 4, np.zeros(3, np.int32), 1), [2])
     add("copy_i32", "n9", (rng.integers(-2 ** 31, 2 ** 31, 9).astype(np.int32), np.zeros(10, np.int32), 9), [1])
+    # the greedy pick (numpy.argmax) at vocab sizes of one block, several and bench-8l's, with equal
+    # maxima in different blocks, NaNs, signed zeros, all -inf
+    for V in ((7, 2049, 151936, 248320) if full else (7, 2049)):
+        lg = _r(rng, 1, V)
+        add("greedy_pick", f"V{V}", (lg, np.array([511, 3], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
+        ties = lg.copy()
+        ties[0, [V // 2, V - 1, 0]] = 40.0
+        add("greedy_pick", f"V{V}-ties", (ties, np.array([0, 0], np.int32), np.full(2, -1, np.int32), 0), [1, 2])
+        nan = lg.copy()
+        nan[0, [V - 1, V // 3]] = np.nan
+        add("greedy_pick", f"V{V}-nan", (nan, np.array([0, 0], np.int32), np.full(2, -1, np.int32), 0), [1, 2])
+    z = np.zeros((1, 5000), F32)
+    z[0, [0, 4000]] = -0.0
+    add("greedy_pick", "V5000-zeros", (z, np.array([0, 0], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
+    add("greedy_pick", "V5000-neg-inf", (np.full((1, 5000), -np.inf, F32), np.array([0, 0], np.int32),
+                                         np.full(2, -1, np.int32), 1), [1, 2])
     # the trace's row hash (harness bisect): a logits-wide row, many rows, the k routed experts of
     # a token as one traced row (m > 1), a column window, chained onto earlier hashes
     hashes = rng.integers(0, 2 ** 63, (4096, 3), dtype=np.uint64)
@@ -429,7 +447,26 @@ def schedule_runs(engine, ids, tokenwise_only=False):
     a, b = T // 3, (2 * T) // 3
     parts = [engine.target_step(s, ids[lo:hi])[0] for lo, hi in ((0, a), (a, b), (b, T))]
     out["split3"] = (np.concatenate(parts), s.cache.digest())
+    out.update(greedy_runs(engine, ids))
     return out
+
+
+def greedy_runs(engine, ids):
+    """Greedy decode after the prompt's first T - 1 rows, from its last token: ``greedy``
+    (Engine.decode_greedy -- chained steps, the pick on the device; on CUDA with graphs, each of
+    its two slots eager, then captured and replayed) and ``greedy-stepwise`` (the decode_step
+    calls it stands for), each (logits of every step, cache digest)."""
+    T = len(ids)
+    out = {}
+    for name, run in (("greedy", lambda s: engine.decode_greedy(s, int(ids[-1]), GREEDY_STEPS, keep_logits=True)),
+                      ("greedy-stepwise", lambda s: engine._greedy_stepwise(s, int(ids[-1]), GREEDY_STEPS, True))):
+        s = engine.new_session(T + GREEDY_STEPS + 8)
+        engine.target_step(s, ids[:-1])
+        out[name] = (run(s)[1], s.cache.digest())
+    return out
+
+
+GREEDY_STEPS = 8  # decode_greedy's steps in a device-check schedule
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -523,7 +560,9 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         res["cuda"]["tokenwise-uncaptured"] = schedule_runs(Engine(c, "cuda", graphs=False, mode=mode), ids,
                                                             tokenwise_only=True)["tokenwise"]
         res["cpu"]["tokenwise-uncaptured"] = res["cpu"]["tokenwise"]
-        scheds = ["tokenwise", "tokenwise-uncaptured", "batched", "split3"]
+        res["cuda"]["greedy-uncaptured"] = greedy_runs(Engine(c, "cuda", graphs=False, mode=mode), ids)["greedy"]
+        res["cpu"]["greedy-uncaptured"] = res["cpu"]["greedy"]
+        scheds = ["tokenwise", "tokenwise-uncaptured", "batched", "split3", "greedy", "greedy-uncaptured"]
         if mode == "exact" and bf16.resolve(None, "cuda", c) == "bf16":  # the same bits with the weights widened on the host
             for sched in ("tokenwise", "batched"):
                 res["cuda"][sched + "-f32-weights"] = schedule_runs(Engine(c, "cuda", weights="f32"), ids)[sched]
@@ -532,7 +571,7 @@ def device_check(out_path: str, commit: str | None = None, full: bool = True, se
         for sched in scheds:
             lc, dc = res["cpu"][sched]
             lg, dg = res["cuda"][sched]
-            lo, do = res["cpu"]["tokenwise"]
+            lo, do = res["cpu"]["greedy-stepwise" if sched.startswith("greedy") else "tokenwise"]
             same = np.array_equal(lc.view(np.uint32), lg.view(np.uint32)) and dc == dg
             inv = np.array_equal(lc.view(np.uint32), lo.view(np.uint32)) and dc == do
             models.append({"model": name, "mode": mode, "prompt_len": T, "schedule": sched,
