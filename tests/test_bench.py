@@ -233,6 +233,13 @@ def test_verify_and_draft_steps_are_measured_against_the_stepwise_decode():
     assert g["decode_512_over_floor"]["value"] == pytest.approx(0.8 / 0.81)
 
 
+def test_tables_of_a_run_that_skipped_stdlib_small():
+    r = make_bench_result()
+    r["stdlib_small"] = "skipped"
+    md = rep.readme_markdown(r)
+    assert "| bench-8l | 1 |" in md and "| stdlib-small |" not in md
+
+
 def test_decode_table_shows_chained_and_stepwise():
     r = make_bench_result()
     old = rep.readme_markdown(r)

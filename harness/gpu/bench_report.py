@@ -474,7 +474,7 @@ def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> st
         out += ["", "Decode, one token a step (ms/token; the floor as above):", "",
                 "| what | ms/token | over its floor |", "|---|---|---|"]
         out += [f"| {w} | {_ms(v)} |{cell(v, f, u)}|" for w, v, f, u, _ in rows]
-    runs = [("bench-8l", m.get("spec") or {}), ("stdlib-small", (r.get("stdlib_small") or {}).get("spec") or {})]
+    runs = [("bench-8l", m.get("spec") or {}), ("stdlib-small", _sub(r, "stdlib_small").get("spec") or {})]
     if any(_spec_rows(s) for _, s in runs):
         out += ["", "Speculative decoding (greedy; each timed on the second run of a reset session; a draft "
                 "step is K chained MTP rows, a verify step K + 1 rows):", "",
