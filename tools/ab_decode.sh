@@ -42,7 +42,9 @@ for r in a:
     faster = b[r]["whole_us"] < a[r]["whole_us"]
     ok = ok and eq and faster
     print(f"rows {r}: base {a[r]['whole_us']:.1f} us, this {b[r]['whole_us']:.1f} us "
-          f"(device {a[r]['replay_device_us']:.1f} / {b[r]['replay_device_us']:.1f})"
+          f"(device {a[r]['replay_device_us']:.1f} / {b[r]['replay_device_us']:.1f}"
+          + (f"; chained {a[r]['chained_us']:.1f} / {b[r]['chained_us']:.1f}" if "chained_us" in a[r] and "chained_us" in b[r] else "")
+          + ")"
           f"{'' if eq else '; captured != eager'}")
 sys.exit(0 if ok else 1)
 PY

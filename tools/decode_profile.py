@@ -6,8 +6,9 @@
 
 For each step size (rows: 1 = a decode step, R > 1 = an R-row verify step) after a ``--ctx``-token
 prime: the whole step as the engine runs it (graph replay, logits download, finite check, hidden
-clone, host argmax), the graph replay alone (host launch + device time, synchronised), and the
-host-side pieces; and whether the captured step's logits are bitwise those of the same step
+clone, host argmax), at one row the same steps chained (``chained_us``: ``Engine.decode_greedy``,
+the pick on the device, the host a step behind), the graph replay alone (host launch + device
+time, synchronised), and the host-side pieces; and whether the captured step's logits are bitwise those of the same step
 launched eagerly (``captured_equals_eager``; exit 1 if not). Run under Nsight Compute to get every kernel of one captured step:
 
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
@@ -178,6 +179,16 @@ def main(argv=None) -> int:
                 sess.cache.pos = snap  # stay inside the capacity (timing only)
 
         r = {"whole_us": timed(whole)}
+        if R == 1:  # the same steps chained (Engine.decode_greedy: the host a step behind the device)
+            sess.cache.pos = snap
+            eng.decode_greedy(sess, 1, 4, keep_logits=True)  # each slot eager, then captured
+            sess.cache.pos = snap
+            B.synchronize()
+            t = time.perf_counter()
+            eng.decode_greedy(sess, 1, args.reps, keep_logits=True)
+            B.synchronize()
+            r["chained_us"] = (time.perf_counter() - t) / args.reps * 1e6
+            sess.cache.pos = snap
         # the captured step (its GEMVs launched with PDL where that is on) against the same step
         # launched eagerly from Python, from one cache state: the logits bit for bit
         snapc, graphs = sess.cache.snapshot(), eng.graphs
