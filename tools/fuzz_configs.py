@@ -13,14 +13,16 @@ sparse steps and MLP-only layers; tied or untied embeddings; odd hidden sizes). 
 1. transformers builds it with random weights and saves it (safetensors); its logits, run in
    float64 (``tests/oracle_models.py``: HF's own code with its float32 casts widened), against
    the float64 reference (``numba_kernels.reference``: ``ref_vs_hf64``, max |Δ| / max |logit|)
-   and the CPU engine against the reference (``eng_vs_ref``);
+   and the CPU engine against the reference (``eng_vs_ref``); greedy decode after the prompt,
+   ``Engine.decode_greedy``'s chained steps against the ``decode_step`` calls (``greedy_bitwise``);
 2. a random MTP head is added and ``harness run-matrix`` runs a random spec on it -- three prompt
    lengths (1-200 tokens, one of 64-140, one under 64), split and checkpoint points drawn per
    spec (fractions and a row), random chunk sizes, K, sampling -- in both modes (``exact``,
    ``exact-bf16``): every cell must be bitwise (exit 0);
 3. with ``--sim`` (the simulator on: ``NUMBA_ENABLE_CUDASIM=1``, minutes a model): the CUDA engine
    under Numba's simulator against the CPU engine, bit for bit -- a prime, a verify step with
-   captures and a rollback, three decode steps (eager, captured, replayed), an MTP row.
+   captures and a rollback, three decode steps (eager, captured, replayed), four chained greedy
+   steps (``decode_greedy``: each slot eager, then captured), an MTP row.
 
 One JSON line per configuration (``--out``, and printed); exit 1 if any fails. Needs the oracle
 extra (torch, transformers); ``--sim`` runs only step 3.
@@ -149,7 +151,18 @@ def cpu_case(r, seed, root) -> dict:
     spec = os.path.join(root, name + ".toml")
     with open(spec, "w") as f:
         f.write(rand_spec(r, mt))
-    ok = rec["ref_vs_hf64"] <= REF_TOL and rec["eng_vs_ref"] <= ENG_TOL
+    # greedy decode after the prompt: Engine.decode_greedy's chained steps (the pick on the
+    # device's op, here its twin) bitwise the decode_step calls they stand for
+    runs = []
+    for run in (lambda s: eng.decode_greedy(s, int(m.ids[-1]), 5, keep_logits=True),
+                lambda s: eng._greedy_stepwise(s, int(m.ids[-1]), 5, True)):
+        s = eng.new_session(len(m.ids) + 5)
+        eng.target_step(s, m.ids[:-1])
+        picks, logits = run(s)
+        runs.append((picks, logits.view(np.uint32), s.cache.digest()))
+    (p1, l1, d1), (p2, l2, d2) = runs
+    rec["greedy_bitwise"] = bool(p1 == p2 and np.array_equal(l1, l2) and d1 == d2)
+    ok = rec["ref_vs_hf64"] <= REF_TOL and rec["eng_vs_ref"] <= ENG_TOL and rec["greedy_bitwise"]
     for mode in ("exact", "exact-bf16"):
         p = subprocess.run([sys.executable, "-m", "harness.cli", "run-matrix", "--spec", spec, "--mode", mode,
                             "--no-plots", "--quiet", "--out", os.path.join(root, f"{name}_{mode}.json")],
@@ -177,7 +190,7 @@ def sim_case(r, seed) -> dict:
     ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
     P, R = r.randint(3, 70), r.randint(2, 8)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, P + R + 3)
-    sc, sg = ec.new_session(P + R + 3), eg.new_session(P + R + 3)
+    sc, sg = ec.new_session(P + R + 3 + 4), eg.new_session(P + R + 3 + 4)
     steps = []
 
     def step(name, rows, f):
@@ -192,6 +205,7 @@ def sim_case(r, seed) -> dict:
                       digest_equal=sc.cache.digest() == sg.cache.digest()))
     for j in range(3):
         step(f"decode {j}", 1, lambda e, s: e.decode_step(s, int(ids[P + keep + j])))
+    step("greedy n4", 1, lambda e, s: (e.decode_greedy(s, int(ids[0]), 4, keep_logits=True)[1],))
     h = np.random.default_rng(seed).standard_normal((1, cfg.hidden_size)).astype(np.float32)
     step("mtp row", 1, lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0, logits_rows=1))
     rec["steps"] = steps
