@@ -365,14 +365,9 @@ def chained_equals_stepwise(eng, make_session, n=16):
     digest of ``n`` :meth:`Engine.decode_step` calls fed numpy's argmax, from two sessions
     ``make_session()`` primed alike -- checked beside the timing, on the engine it times."""
     a, b = make_session(), make_session()
-    tok, picks, rows = 1, [], []
-    for _ in range(n):
-        lg, _ = eng.decode_step(a, tok)
-        tok = int(np.argmax(lg))
-        picks.append(tok)
-        rows.append(np.array(lg, copy=True))
+    picks, rows = eng._greedy_stepwise(a, 1, n, True)
     got, logits = eng.decode_greedy(b, 1, n, keep_logits=True)
-    return bool(got == picks and np.array_equal(logits.view(np.uint32), np.stack(rows).view(np.uint32))
+    return bool(got == picks and np.array_equal(logits.view(np.uint32), rows.view(np.uint32))
                 and a.cache.digest() == b.cache.digest())
 
 
@@ -511,9 +506,7 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
         return _median(out)
 
     def prime_session(n):
-        s = eng.new_session(n + 128)
-        eng.prime(s, ids[:n])
-        return s
+        return _primed(eng, ids[:n])
 
     peaks = {}
     rep.run_curve(curve, "primewalk", prime_s, budget.sub(0.5), errors, peak=lambda n: peaks[n],
@@ -667,8 +660,6 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     if "bf16" not in skip:
         def bf16_decode():
             e16, nbytes = bf16_engine(ck)
-            s = e16.new_session(512 + 128)
-            e16.prime(s, ids512)
             return {**decode_figures(e16, lambda: _primed(e16, ids512)), "decode_bytes": nbytes,
                     "floor_ms": nbytes / bw * 1e3}
 

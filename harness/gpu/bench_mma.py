@@ -13,10 +13,6 @@ half the float32 weight bytes / copy bandwidth); and, time allowing, the 4096 pr
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-
 MAX_PRIME_32K_S = 120.0  # do not start a 32k prime projected (quadratic from 4096: ×64) past this
 # a 32k prime projected under this runs even when the time box is spent: the goal's own measure,
 # a few seconds at most (the projection is an upper bound: only attention grows ×64; at bb9b2a0
