@@ -403,3 +403,46 @@ def test_captured_steps_take_position_and_ids_from_mapped_memory():
     assert head.tolist() == [8, 4, 4]
 
 
+
+
+def test_chained_steps_run_eagerly_then_capture_then_replay():
+    """StepRunner.run_chained: key None runs the body with the scalar start; otherwise the first
+    call runs eagerly on the device position, the second captures (the capture's own run is the
+    step), later calls replay the one graph and return its outputs; no host write either way."""
+    from harness.engine.graphs import StepRunner
+
+    captures = []
+
+    class Ops:
+        @staticmethod
+        def capture(fn, keep):
+            captures.append(keep)
+
+            class G:
+                def replay(self):
+                    fn()
+            return G(), fn()
+
+    cpu = bk.CpuBackend.__new__(bk.CpuBackend)
+    runner = StepRunner(cpu, Ops(), graphs=True)
+
+    class Cache:
+        graphs, graph_seen = {}, set()
+
+    pos = np.array([40], np.int32)
+    calls = []
+
+    def body(at, p):
+        calls.append((at, None if p is None else int(p[0])))
+        return ("out", len(calls))
+    cache = Cache()
+    assert runner.run_chained(cache, None, body, 12, pos, lambda: ["kept"]) == ("out", 1)
+    assert calls == [(12, None)] and not cache.graph_seen
+    assert runner.run_chained(cache, ("greedy", 0), body, 12, pos, lambda: ["kept"]) == ("out", 2)
+    assert calls[-1] == (0, 40) and not captures and ("greedy", 0) in cache.graph_seen
+    out = runner.run_chained(cache, ("greedy", 0), body, 13, pos, lambda: ["kept"])
+    assert captures == [["kept"]] and len(calls) == 4  # the capture's own run, then its replay
+    assert out == ("out", 3)  # the captured outputs, which every replay writes
+    pos[0] = 41
+    assert runner.run_chained(cache, ("greedy", 0), body, 99, pos, lambda: ["kept"]) == ("out", 3)
+    assert calls[-1] == (0, 41) and len(captures) == 1

@@ -138,3 +138,32 @@ def test_device_check_greedy_schedules_on_the_cpu(ck):
         io, picked = args[1].copy(), args[2].copy()
         cpu.greedy_pick(args[0], io, picked, args[3])
         assert io[1] == picked[args[3]] == int(np.argmax(args[0][0])), cid
+
+
+def test_an_interrupted_call_leaves_the_session_refusing(ck, monkeypatch):
+    """Steps ran that no caller saw (their picks lost): the session refuses until restored."""
+    eng = Engine(ck, "cpu")
+    s = eng.new_session(16)
+    eng.target_step(s, IDS[:3])
+    snap = s.cache.snapshot()
+    calls = []
+    real = eng.ops.greedy_pick
+
+    def pick(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(eng.ops, "greedy_pick", pick)
+    with pytest.raises(KeyboardInterrupt):
+        eng.decode_greedy(s, 1, 5)
+    monkeypatch.undo()
+    assert s.cache.pos == 6
+    with pytest.raises(InputError, match="session unusable: decode_greedy stopped after 3 of 5 steps"):
+        eng.decode_greedy(s, 1, 1)
+    s.cache.restore(snap)
+    ref = eng.new_session(16)
+    eng.target_step(ref, IDS[:3])
+    assert eng.decode_greedy(s, 1, 2)[0] == eng._greedy_stepwise(ref, 1, 2, False)[0]
+    assert s.cache.digest() == ref.cache.digest()

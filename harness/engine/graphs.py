@@ -58,8 +58,12 @@ class StepRunner:
         if key is None:
             return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
         B = self.B
-        g = cache.graphs.get(key)
-        if g is None and key in cache.graph_seen:
+
+        def eager():
+            B.copy_into(self.pos, np.array([start], np.int32))
+            return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
+
+        def capture():
             io = B.empty((1 + (len(inputs["ids"]) if "ids" in inputs else 0),), np.int32)
             head = B.mapped_zeros(io.shape, np.int32)
             own = {n: io[1:] if n == "ids" else B.empty(v.shape, v.dtype) for n, v in inputs.items()}
@@ -68,11 +72,11 @@ class StepRunner:
                 self.ops.copy_i32(head, io, io.shape[0])
                 return body(own, 0, io[0:1])
             graph, out = self.ops.capture(step, [io, head, *keep(), *own.values()])
-            g = cache.graphs[key] = (graph, out, own, head)
+            return graph, out, own, head
+
+        g, out = self._graph(cache, key, eager, capture)
         if g is None:
-            cache.graph_seen.add(key)
-            B.copy_into(self.pos, np.array([start], np.int32))
-            return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
+            return out
         graph, out, own, head = g
         head[0] = start  # mapped: the previous replay read it before that step's download returned
         for n, v in inputs.items():
@@ -92,15 +96,27 @@ class StepRunner:
         is written from the host (a replay may be issued while the step before it still runs)."""
         if key is None:
             return body(start, None)
+        g, out = self._graph(cache, key, lambda: body(0, pos),
+                             lambda: (*self.ops.capture(lambda: body(0, pos), keep()), None, None))
+        if g is None:
+            return out
+        g[0].replay()
+        return g[1]
+
+    @staticmethod
+    def _graph(cache, key, eager, capture):
+        """The capture life of ``key`` on ``cache``, shared by :meth:`run` and :meth:`run_chained`:
+        the first call runs ``eager()`` and returns ``(None, its outputs)`` (compiling and
+        allocating what the step needs); the second stores ``capture()`` -- ``(graph, outputs,
+        ...)`` -- as the key's graph; that call and every later one return ``(the graph entry,
+        None)``, for the caller to replay."""
         g = cache.graphs.get(key)
         if g is None:
             if key not in cache.graph_seen:
                 cache.graph_seen.add(key)
-                return body(0, pos)
-            graph, out = self.ops.capture(lambda: body(0, pos), keep())
-            g = cache.graphs[key] = (graph, out, None, None)
-        g[0].replay()
-        return g[1]
+                return None, eager()
+            g = cache.graphs[key] = capture()
+        return g, None
 
     def _upload(self, name, v):
         """An input of an eager step on the backend: token ids (``ids``) through the reused ids

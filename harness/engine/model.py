@@ -108,6 +108,7 @@ class Engine:
         w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
+        self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]  # one per NaN/Inf flag slot
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
         self._trace = None  # the recording Trace of the step running now (see .trace)
@@ -350,7 +351,6 @@ class Engine:
         if self._flag_buf is None:
             self._flag_buf = self.B.mapped_zeros((len(self.layers) + 3,), np.int32)
             self._flag_host = host_view(self._flag_buf)
-            self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]
         else:
             if not self._flags_read:
                 self.B.synchronize()
@@ -597,7 +597,7 @@ class Engine:
             if flags is not None and ch["flags_host"][s].any():
                 B.synchronize()  # the step after it was issued: let it end before raising
                 f = ch["flags_host"][s]
-                where = ch["names"][int(np.flatnonzero(f)[0])]
+                where = self._flag_names[int(np.flatnonzero(f)[0])]
                 c.pos = start + min(t + 2, n)
                 c.poisoned = f"{where} produced NaN or Inf"
                 raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
@@ -605,29 +605,39 @@ class Engine:
             if out is not None:
                 out[t] = pin[s][0]
 
-        for t in range(n):
-            s = t % 2
-            fl = None if flags is None else flags[s]
-            if fl is not None:
-                ch["flags_host"][s][...] = 0  # step t - 2, its last user, was waited for
+        issued = 0
+        try:
+            for t in range(n):
+                s = t % 2
+                fl = None if flags is None else flags[s]
+                if fl is not None:
+                    ch["flags_host"][s][...] = 0  # step t - 2, its last user, was waited for
 
-            def body(at, pos, s=s, fl=fl):
-                logits, _, last_row = self._trunk_body(c, ch["ids"], 1, 1, at, pos, False, None, fl)
-                self.ops.greedy_pick(logits, io, picked, s)
-                return logits, last_row
+                def body(at, pos, s=s, fl=fl):
+                    logits, _, last_row = self._trunk_body(c, ch["ids"], 1, 1, at, pos, False, None, fl)
+                    self.ops.greedy_pick(logits, io, picked, s)
+                    return logits, last_row
 
-            key = ("greedy", s) if self._captured(("greedy", s)) is not None else None
-            logits, last = self.steps.run_chained(
-                c, key, body, start + t, ch["pos"],
-                lambda: [c, self.cos, self.sin, io, picked, self._no_flags, *(flags or ()), *self._ws.values()])
-            if out is not None:
-                B.download_async(pin[s], logits)
-            B.record(ev[s])
-            if t:
-                finish(t - 1)
-        c.pos = start + n
-        c.last_h = B.clone(last, step=True)  # queued behind the last step
-        finish(n - 1)
+                key = self._captured(("greedy", s))
+                issued = t + 1  # from here the step may have run (in part): the cache is written
+                logits, last = self.steps.run_chained(
+                    c, key, body, start + t, ch["pos"],
+                    lambda: [c, self.cos, self.sin, io, picked, self._no_flags, *(flags or ()), *self._ws.values()])
+                if out is not None:
+                    B.download_async(pin[s], logits)
+                B.record(ev[s])
+                if t:
+                    finish(t - 1)
+            c.pos = start + n
+            c.last_h = B.clone(last, step=True)  # queued behind the last step
+            finish(n - 1)
+        except NumericError:
+            raise
+        except BaseException as e:  # an interrupt, a failed launch: steps ran that no caller saw
+            B.synchronize()
+            c.pos = start + issued
+            c.poisoned = f"decode_greedy stopped after {issued} of {n} steps ({type(e).__name__})"
+            raise
         return picks, out
 
     def _greedy_stepwise(self, sess, tok, n, keep_logits):
@@ -653,7 +663,6 @@ class Engine:
             ch = dict(io=io, pos=io[0:1], ids=io[1:2], picked=picked, picked_host=host_view(picked),
                       pin=[B.pinned_empty((1, V)) for _ in range(2)], ev=[B.event() for _ in range(2)], flags=None)
             if self.check_finite:  # one slot per layer and the lm head, as :meth:`_flags`
-                ch["names"] = [L["name"] for L in self.layers] + ["lm_head"]
                 ch["flags"] = [B.mapped_zeros((len(self.layers) + 3,), np.int32) for _ in range(2)]
                 ch["flags_host"] = [host_view(f) for f in ch["flags"]]
             self._chain_bufs = ch
