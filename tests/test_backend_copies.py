@@ -363,10 +363,9 @@ def test_mapped_flags():
     assert cpu.mapped_zeros((2,)).tolist() == [0, 0]
 
 
-def test_captured_steps_take_position_and_ids_from_mapped_memory():
-    """StepRunner: the first call of a key runs eagerly, the second captures, later calls replay;
-    a replay's position and token ids reach the body through the host's mapped buffer and the
-    graph's first kernel (copy_i32), with no copy call."""
+def _stand_in_runner(captures=None):
+    """A StepRunner on the CPU backend whose ops capture a step by running it once and replay it
+    by running it again (each capture's keep list appended to ``captures``), and an empty cache."""
     from harness.engine.graphs import StepRunner
     from numba_kernels import cpu as kcpu
 
@@ -375,17 +374,26 @@ def test_captured_steps_take_position_and_ids_from_mapped_memory():
 
         @staticmethod
         def capture(fn, keep):
+            if captures is not None:
+                captures.append(keep)
+
             class G:
                 def replay(self):
                     fn()
             return G(), fn()
 
-    cpu = bk.CpuBackend.__new__(bk.CpuBackend)
-    runner = StepRunner(cpu, Ops(), graphs=True)
-
     class Cache:
-        graphs, graph_seen = {}, set()
+        def __init__(self):
+            self.graphs, self.graph_seen = {}, set()
 
+    return StepRunner(bk.CpuBackend.__new__(bk.CpuBackend), Ops(), graphs=True), Cache()
+
+
+def test_captured_steps_take_position_and_ids_from_mapped_memory():
+    """StepRunner: the first call of a key runs eagerly, the second captures, later calls replay;
+    a replay's position and token ids reach the body through the host's mapped buffer and the
+    graph's first kernel (copy_i32), with no copy call."""
+    runner, cache = _stand_in_runner()
     seen = []
 
     def body(inp, at, pos):
@@ -394,7 +402,6 @@ def test_captured_steps_take_position_and_ids_from_mapped_memory():
         out[2] = at + int(pos[0])
         seen.append(out)
         return out
-    cache = Cache()
     for start, ids in ((5, [7, 8]), (6, [9, 1]), (7, [2, 3]), (8, [4, 4])):
         seen.clear()
         runner.run(cache, ("trunk", 2), body, {"ids": np.array(ids, np.int32)}, start, lambda: [])
@@ -403,39 +410,18 @@ def test_captured_steps_take_position_and_ids_from_mapped_memory():
     assert head.tolist() == [8, 4, 4]
 
 
-
-
 def test_chained_steps_run_eagerly_then_capture_then_replay():
     """StepRunner.run_chained: key None runs the body with the scalar start; otherwise the first
     call runs eagerly on the device position, the second captures (the capture's own run is the
     step), later calls replay the one graph and return its outputs; no host write either way."""
-    from harness.engine.graphs import StepRunner
-
     captures = []
-
-    class Ops:
-        @staticmethod
-        def capture(fn, keep):
-            captures.append(keep)
-
-            class G:
-                def replay(self):
-                    fn()
-            return G(), fn()
-
-    cpu = bk.CpuBackend.__new__(bk.CpuBackend)
-    runner = StepRunner(cpu, Ops(), graphs=True)
-
-    class Cache:
-        graphs, graph_seen = {}, set()
-
+    runner, cache = _stand_in_runner(captures)
     pos = np.array([40], np.int32)
     calls = []
 
     def body(at, p):
         calls.append((at, None if p is None else int(p[0])))
         return ("out", len(calls))
-    cache = Cache()
     assert runner.run_chained(cache, None, body, 12, pos, lambda: ["kept"]) == ("out", 1)
     assert calls == [(12, None)] and not cache.graph_seen
     assert runner.run_chained(cache, ("greedy", 0), body, 12, pos, lambda: ["kept"]) == ("out", 2)
