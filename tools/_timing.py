@@ -1,4 +1,8 @@
-"""GPU timing shared by the device tools: a CUDA graph of launches replayed between two events."""
+"""GPU timing shared by the device tools: a CUDA graph of launches replayed between two events,
+and the GPU's SM clock as ``nvidia-smi`` reads it (a probe records it before and after: a GPU idle
+before a probe can start at a fraction of its clock, receipts/probes/h100-probe-vd-ws-3df58be/)."""
+
+import subprocess
 
 
 def graph_us(launch, reps: int, replays: int = 3) -> float:
@@ -21,3 +25,16 @@ def graph_us(launch, reps: int, replays: int = 3) -> float:
     stop.record()
     stop.synchronize()
     return cuda.event_elapsed_time(start, stop) / (replays * reps) * 1e3
+
+
+def sm_clocks(run=subprocess.run):
+    """{"sm_mhz": current, "max_sm_mhz": its maximum} of GPU 0 from ``nvidia-smi``, or None where
+    it cannot be read (no nvidia-smi, no GPU, an output not two numbers)."""
+    try:
+        p = run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=20)
+        cur, top = (int(x) for x in p.stdout.splitlines()[0].split(","))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    return {"sm_mhz": cur, "max_sm_mhz": top}
+

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from _cli import int_list  # noqa: E402
-from _timing import graph_us  # noqa: E402
+from _timing import graph_us, sm_clocks  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     V = rng.standard_normal((args.cap, hkv * D)).astype(np.float32)
     dK, dV = cuda.to_device(K), cuda.to_device(V)
     res = {"ctx": args.ctx, "cap": args.cap, "hq": hq, "hkv": hkv, "D": D, "reps": args.reps,
-           "production_vsplit": mma_tc.SK_VSPLIT, "steps": []}
+           "production_vsplit": mma_tc.SK_VSPLIT, "clocks_before": sm_clocks(), "steps": []}
     ok = True
     production = mma_tc.SK_VSPLIT
     for R, vs in [(R, vs) for vs in (args.vsplit or (production,)) for R in rows]:
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
               f"({', '.join(row['kernels'])})", flush=True)
     mma_tc.SK_VSPLIT = production
     res["bitwise"] = ok
+    res["clocks_after"] = sm_clocks()
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1
 

@@ -28,6 +28,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _timing import sm_clocks  # noqa: E402
 
 # (name, K, N): bench-8l's decode GEMVs (the lm head last)
 SHAPES = [("gdn in", 2048, 12352), ("gdn out", 4096, 2048), ("mlp gate+up", 2048, 11264),
@@ -86,6 +89,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows, ok = [], True
     t_all = time.perf_counter()
+    clocks_before = sm_clocks()
     pick = [x.strip() for x in a.shapes.split(",") if x.strip()]
     unknown = [x for x in pick if x not in [sh[0] for sh in SHAPES]]
     if unknown:
@@ -146,6 +150,7 @@ def main() -> int:
         with open(os.path.join(a.out, "probe-vd.json"), "w") as f:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else str(dev),
                        "commit": os.environ.get("PRIMEWALK_COMMIT"), "rows": rows,
+                       "clocks_before": clocks_before, "clocks_after": sm_clocks(),
                        "wall_s": time.perf_counter() - t_all}, f, indent=1)
     return 0 if ok else 1
 
