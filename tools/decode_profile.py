@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from _cli import int_list  # noqa: E402
+from _timing import sm_clocks  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
         ck = bf16_checkpoint(ck)
     eng = Engine(ck, "cuda", check_finite=True, mode=args.mode, weights=args.weights)
     res = {"device": eng.B.device_name(), "ctx": args.ctx, "mode": eng.mode, "weights": eng.weights,
-           "pdl": eng.B.pdl(), "build_s": time.perf_counter() - t0, "steps": {}}
+           "pdl": eng.B.pdl(), "build_s": time.perf_counter() - t0, "clocks_before": sm_clocks(), "steps": {}}
     B = eng.B
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, args.ctx)
     same = True
@@ -282,6 +283,7 @@ def main(argv=None) -> int:
         shown = {k: v for k, v in r.items() if k.endswith(("_us", "_bytes", "_eager")) or k.startswith(("api", "time"))}
         print(R, json.dumps(shown), flush=True)
     if not args.ncu_step:
+        res["clocks_after"] = sm_clocks()
         write_text_atomic(args.out, json.dumps(res, indent=1))
     return 0 if same else 1
 
