@@ -129,7 +129,7 @@ def cpu_case(r, seed, root) -> dict:
     import oracle_models as om
     from harness.engine.model import Engine
     from harness.engine.weights import load_checkpoint, save_checkpoint
-    from harness.gpu.bench import with_mtp_head
+    from harness.gpu.bench import chained_equals_stepwise, with_mtp_head
     from numba_kernels.reference import RefModel
 
     name = f"fz{seed}"
@@ -153,15 +153,11 @@ def cpu_case(r, seed, root) -> dict:
         f.write(rand_spec(r, mt))
     # greedy decode after the prompt: Engine.decode_greedy's chained steps (the pick on the
     # device's op, here its twin) bitwise the decode_step calls they stand for
-    runs = []
-    for run in (lambda s: eng.decode_greedy(s, int(m.ids[-1]), 5, keep_logits=True),
-                lambda s: eng._greedy_stepwise(s, int(m.ids[-1]), 5, True)):
+    def primed():
         s = eng.new_session(len(m.ids) + 5)
         eng.target_step(s, m.ids[:-1])
-        picks, logits = run(s)
-        runs.append((picks, logits.view(np.uint32), s.cache.digest()))
-    (p1, l1, d1), (p2, l2, d2) = runs
-    rec["greedy_bitwise"] = bool(p1 == p2 and np.array_equal(l1, l2) and d1 == d2)
+        return s
+    rec["greedy_bitwise"] = chained_equals_stepwise(eng, primed, 5, int(m.ids[-1]))
     ok = rec["ref_vs_hf64"] <= REF_TOL and rec["eng_vs_ref"] <= ENG_TOL and rec["greedy_bitwise"]
     for mode in ("exact", "exact-bf16"):
         p = subprocess.run([sys.executable, "-m", "harness.cli", "run-matrix", "--spec", spec, "--mode", mode,

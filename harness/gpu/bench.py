@@ -347,26 +347,22 @@ def decode_ms(eng, sess, n=32, warmup=None, chained=True):
         eng.B.synchronize()
         return (time.perf_counter() - t0) / n * 1e3
     warmup = 2 * (LOGIT_RING + 1) if warmup is None else warmup
-    tok = 1
-    for _ in range(warmup):
-        logits, _ = eng.decode_step(sess, tok)
-        tok = int(np.argmax(logits))
+    picks = eng._greedy_stepwise(sess, 1, warmup, False)[0] if warmup else []
     eng.B.synchronize()
     t0 = time.perf_counter()
-    for _ in range(n):
-        logits, _ = eng.decode_step(sess, tok)
-        tok = int(np.argmax(logits))
+    eng._greedy_stepwise(sess, picks[-1] if picks else 1, n, False)
     eng.B.synchronize()
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def chained_equals_stepwise(eng, make_session, n=16):
+def chained_equals_stepwise(eng, make_session, n=16, token=1):
     """Whether :meth:`Engine.decode_greedy` gives the picks and logits (bitwise) and the cache
-    digest of ``n`` :meth:`Engine.decode_step` calls fed numpy's argmax, from two sessions
-    ``make_session()`` primed alike -- checked beside the timing, on the engine it times."""
+    digest of ``n`` :meth:`Engine.decode_step` calls fed numpy's argmax, from ``token`` in two
+    sessions ``make_session()`` primed alike -- checked beside the timing, on the engine it times
+    (and by tools/fuzz_configs.py per configuration)."""
     a, b = make_session(), make_session()
-    picks, rows = eng._greedy_stepwise(a, 1, n, True)
-    got, logits = eng.decode_greedy(b, 1, n, keep_logits=True)
+    picks, rows = eng._greedy_stepwise(a, token, n, True)
+    got, logits = eng.decode_greedy(b, token, n, keep_logits=True)
     return bool(got == picks and np.array_equal(logits.view(np.uint32), rows.view(np.uint32))
                 and a.cache.digest() == b.cache.digest())
 
