@@ -30,6 +30,7 @@ from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
+from .draft import draft_ids
 from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
 from .modes import check_mode, mode_ops, weight_upload
@@ -81,7 +82,7 @@ class Engine:
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
                  graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS, weights: str | None = None,
-                 mode: str | None = None):
+                 mode: str | None = None, draft_vocab=None):
         self.ckpt, self.cfg = ckpt, ckpt.config
         self.chunk_rows = int(chunk_rows)  # the most rows one prime launch runs
         self.mode = check_mode(mode)  # exact | exact-bf16 (.modes): the arithmetic
@@ -106,12 +107,17 @@ class Engine:
         self._flag_buf, self._flags_read = None, True
         self._no_flags = self.B.zeros((1,), np.int32)  # the flags of a launch that raises none
         w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
+        self._lin = lin or self.B.upload  # how a matrix a GEMM reads goes to the backend
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]  # one per NaN/Inf flag slot
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
         self._trace = None  # the recording Trace of the step running now (see .trace)
+        self.draft_ids = self.draft_head = None  # the draft vocabulary (.draft), none by default
+        self._draft_gen = 0  # bumped by each set_draft_vocab: the draft passes' capture keys carry it
+        if draft_vocab is not None:
+            self.set_draft_vocab(draft_vocab)
 
     def host(self, rows) -> np.ndarray:
         """A host numpy copy of backend rows: hidden rows an entry point returned, or a plane."""
@@ -386,7 +392,7 @@ class Engine:
                               lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
                                        *self._ws.values()])
 
-    def _logits_slot(self, c, key, n):
+    def _logits_slot(self, c, key, n, width=None):
         """(the key a step runs under, where its lm head stores the logits): for a step that is
         captured (``key`` not None, graphs on, no trace), the first free buffer of the cache's
         ring for ``key`` -- pinned host memory mapped into the device
@@ -401,7 +407,7 @@ class Engine:
         H200 (tools/decode_profile.py, 2026-12-05) a captured five-row step with the ring took
         2.31 ms of device time against 1.05 without it, so exact-bf16 downloads its logits (and
         before the fused check, a second kernel reading mapped logits back took 2.08 ms a step,
-        the bench at cba8c86)."""
+        the bench at cba8c86). ``width``: the logits' columns (default the vocabulary)."""
         if self._captured(key) is None or self.mode != "exact" or not self._fused():
             return key, None
         ring = c.logit_rings.setdefault(key, [])
@@ -409,7 +415,7 @@ class Engine:
             if self.B.mapped_free(t):
                 return key + ("logits", i), t
         if len(ring) < LOGIT_RING:
-            t = self.B.mapped_target((n, self.cfg.vocab_size))
+            t = self.B.mapped_target((n, width or self.cfg.vocab_size))
             if t is not None:
                 ring.append(t)
                 return key + ("logits", len(ring) - 1), t
@@ -509,20 +515,23 @@ class Engine:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm", "hf")
         return self._lm_head(hf, R, n, flags, len(self.layers), dst), hf[:R], hf[R - 1:R]
 
-    def _lm_head(self, hf, R, n, flags, slot, dst):
+    def _lm_head(self, hf, R, n, flags, slot, dst, head=None):
         """The lm head of the last ``n`` of the step's ``R`` normed rows ``hf``: the logits [n, V]
         (a view of the workspace, or of ``dst``'s mapped buffer: :meth:`_logits_slot`), checked
         for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- by the op that computes them
         where :meth:`_fused` (``linear_flag``: the GEMV as it stores them), by a second pass
-        otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16."""
+        otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16.
+        ``head``: (weight, width, workspace name) of another head than the lm head (the draft
+        vocabulary's rows), with its own workspace: a capture holds its buffers' addresses."""
         ops = self.ops
-        logits = self.ws("logits", n, self.cfg.vocab_size) if dst is None else dst.dev
+        weight, width, name = head or (self.lm_head, self.cfg.vocab_size, "logits")
+        logits = self.ws(name, n, width) if dst is None else dst.dev
         hx = self.xp("hf", R, self.cfg.hidden_size)
         hx = None if hx is None else hx[R - n:]
         if flags is not None and self._fused():
-            self._with_xp(ops.linear_flag, hx, hf[R - n:], self.lm_head, logits, n, flags, slot)
+            self._with_xp(ops.linear_flag, hx, hf[R - n:], weight, logits, n, flags, slot)
         else:
-            self._linear(hf[R - n:], self.lm_head, logits, n, hx)
+            self._linear(hf[R - n:], weight, logits, n, hx)
             if flags is not None:
                 ops.nonfinite_flag(logits, n, flags, slot)
         self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
@@ -697,13 +706,32 @@ class Engine:
             raise PrimewalkError(f"{self.ckpt.path or 'model'} has no MTP head (no mtp.* tensors); "
                                  f"{what} needs one")
 
-    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False):
+    def set_draft_vocab(self, vocab) -> None:
+        """Draft among ``vocab`` only (:mod:`.draft`: a count N for the ids 0..N-1, or token
+        ids; None: the whole vocabulary again). The lm head's rows at those ids are copied once
+        (resident as the lm head is); :meth:`mtp_draft` then runs its passes through that copy
+        and returns ids of the vocabulary. The draft logits are the full head's at those ids,
+        bit for bit."""
+        if vocab is None:
+            self.draft_ids = self.draft_head = None
+            return
+        self.require_mtp("a draft vocabulary")
+        ids = draft_ids(vocab, self.cfg.vocab_size)
+        t = self.ckpt.tensors
+        src = t["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
+        self.draft_head = self._lin(np.ascontiguousarray(np.asarray(src)[ids], dtype=F32))
+        self.draft_ids = ids
+        self._draft_gen += 1
+
+    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False, draft=False):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
         hidden state of the position before; [R, H], host or backend). Writes the MTP K/V there. Returns (logits host
         [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend, or only its last row
-        [1, H] with ``last_hidden``)."""
+        [1, H] with ``last_hidden``). ``draft`` with a draft vocabulary (:meth:`set_draft_vocab`):
+        the logits are [n, N], the draft vocabulary's columns only."""
         self.require_mtp()
         cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
+        sub = draft and self.draft_ids is not None
         ids = self.check_ids(tokens, "MTP tokens")
         R, H = len(ids), cfg.hidden_size
         if start + R > c.max_ctx:
@@ -711,7 +739,8 @@ class Engine:
         n = R if logits_rows is None else min(logits_rows, R)
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
-        key = graph_key("mtp", R, n)
+        key = graph_key("mtp", R, n, "draft", self._draft_gen) if sub else graph_key("mtp", R, n)
+        head = (self.draft_head, len(self.draft_ids), "logits.draft") if sub else None
 
         def body(inp, at, pos):
             e = self.ws("mtp_e", R, H)
@@ -730,10 +759,10 @@ class Engine:
             mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
             self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
-            return self._lm_head(hf, R, n, None, -1, dst), hf[:R], hf[R - 1:R]  # views, taken once per capture
+            return self._lm_head(hf, R, n, None, -1, dst, head), hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
-            key, dst = self._logits_slot(c, key, n)
+            key, dst = self._logits_slot(c, key, n, head[1] if sub else None)
             logits, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
         hidden = self.B.clone(last_row if last_hidden else hf, step=True)  # queued behind the step, before the download waits
         out = self._logits_host(logits, dst)
@@ -753,7 +782,8 @@ class Engine:
     def mtp_draft(self, sess, tokens, hiddens, chain):
         """One pass over the committed rows (filling the head's K/V; the last row must be the
         pending token at the trunk's position), then ``chain`` greedy drafts, each fed by the
-        head's own output hidden. Returns the drafts."""
+        head's own output hidden. Returns the drafts: ids of the vocabulary, picked among the
+        draft vocabulary's where one is set (:meth:`set_draft_vocab`; the lowest id on a tie)."""
         c = sess.cache
         n = len(tokens)
         if c.mtp_len + n != c.pos + 1:
@@ -761,12 +791,15 @@ class Engine:
         if c.pos + chain > c.max_ctx:
             raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
         start = c.mtp_len
-        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True)
+        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True, draft=True)
         c.mtp_len = start + n
+        ids = self.draft_ids
         drafts = []
         for i in range(chain):
             d = int(np.argmax(logits[-1]))
+            d = d if ids is None else int(ids[d])
             drafts.append(d)
             if i + 1 < chain:
-                logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True)
+                logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True,
+                                            draft=True)
         return drafts

@@ -63,6 +63,9 @@ SPEC_KS = (1, 2, 3, 4)
 # last SPEC_STEP_REPS counts (7 until 6356ab9: a step's run-to-run spread on the H200, ~0.1 ms,
 # was as large as the differences between K; receipts/probes/README.md)
 SPEC_STEP_WARMUP, SPEC_STEP_REPS = 2, 15
+# the draft step is also timed drafting among the first BENCH_DRAFT_VOCAB ids (harness.engine.draft:
+# the size EAGLE-3 and FR-Spec use for 128k-152k vocabularies), the lm head's other rows unread
+BENCH_DRAFT_VOCAB = 32768
 # where the run happens: the torch device and the engine backend (tests run the whole bench on
 # the CPU with a tiny model by setting both to "cpu")
 DEVICE, BACKEND = "cuda", "cuda"
@@ -382,10 +385,12 @@ def decode_figures(eng, make_session, reps=1):
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
-def spec_run(eng, prompt, k, new_tokens=64):
+def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None):
     """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
     second run (compilation and graph capture excluded), and the cost of one draft step (K
-    chained MTP passes) and of one K+1-row verify step, timed in isolation."""
+    chained MTP passes) and of one K+1-row verify step, timed in isolation; with
+    ``draft_vocab`` N (smaller than the vocabulary) the draft step again, drafting among the
+    ids 0..N-1 (``draft_vocab`` in the result)."""
     from ..walk.mtp_walker import run_prime
     from ..walk.scheduler import reset_session, zero_snapshot
     from ..walk.speculative import continue_plain, continue_spec
@@ -402,13 +407,35 @@ def spec_run(eng, prompt, k, new_tokens=64):
 
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
     plain, _ = steady(lambda s: continue_plain(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens))
-    d_s, v_s = [], []
-    # one snapshot, restored after every pair: a snapshot taken each pass (until f19fbe9) cloned
-    # every cache plane and the last hidden row (19 device allocations on bench-8l), and numba
-    # frees device arrays in batches once more than ten are pending, so the bench's own garbage
-    # was freed inside whichever timed step a batch fell in
     snap = sess.cache.snapshot()
-    for _ in range(SPEC_STEP_WARMUP + SPEC_STEP_REPS):  # the first passes may compile or capture a step
+    d_s, v_s = _time_draft_verify(eng, sess, snap, k, verify=True)
+    out = {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
+           "same_tokens": spec.tokens == plain.tokens,
+           "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
+           "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3}
+    if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
+        eng.set_draft_vocab(draft_vocab)
+        try:
+            dv, _ = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
+            out["draft_vocab"] = {"size": draft_vocab, "spec_tokens_per_s": dv.tokens_per_s,
+                                  "same_tokens": dv.tokens == plain.tokens,
+                                  "mean_acceptance_length": float(dv.metrics["mean_acceptance_length"]),
+                                  "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3}
+        finally:
+            eng.set_draft_vocab(None)
+    return out
+
+
+def _time_draft_verify(eng, sess, snap, k, verify=False):
+    """The seconds of SPEC_STEP_REPS draft steps (``mtp_draft`` of K drafts) and, with
+    ``verify``, of the K+1-row verify step after each, the first SPEC_STEP_WARMUP passes (which
+    may compile or capture a step) left out; the cache restored to ``snap`` after every pass.
+    One snapshot for all: a snapshot taken each pass (until f19fbe9) cloned every cache plane
+    and the last hidden row (19 device allocations on bench-8l), and numba frees device arrays
+    in batches once more than ten are pending, so the bench's own garbage was freed inside
+    whichever timed step a batch fell in."""
+    d_s, v_s = [], []
+    for _ in range(SPEC_STEP_WARMUP + SPEC_STEP_REPS):
         c = sess.cache
         hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
         c.mtp_len = c.pos - 1
@@ -417,16 +444,13 @@ def spec_run(eng, prompt, k, new_tokens=64):
         drafts = eng.mtp_draft(sess, [1, 2], hid, k)
         eng.B.synchronize()
         d_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        eng.target_step(sess, [1] + drafts, capture=True)
-        eng.B.synchronize()
-        v_s.append(time.perf_counter() - t0)
+        if verify:
+            t0 = time.perf_counter()
+            eng.target_step(sess, [1] + drafts, capture=True)
+            eng.B.synchronize()
+            v_s.append(time.perf_counter() - t0)
         sess.cache.restore(snap)
-    return {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
-            "same_tokens": spec.tokens == plain.tokens,
-            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
-            "draft_step_ms": _median(d_s[SPEC_STEP_WARMUP:]) * 1e3,
-            "verify_step_ms": _median(v_s[SPEC_STEP_WARMUP:]) * 1e3}
+    return d_s[SPEC_STEP_WARMUP:], v_s[SPEC_STEP_WARMUP:]
 
 
 def bf16_engine(ck):
@@ -534,7 +558,8 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
     res["spec"] = {}
     if "spec" not in skip:
         for k in SPEC_KS:
-            res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k), errors, f"spec k{k}")
+            res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k, draft_vocab=BENCH_DRAFT_VOCAB), errors,
+                                           f"spec k{k}")
         res["spec"] = {k: v for k, v in res["spec"].items() if isinstance(v, dict)}
     if "walker" not in skip and fits(30):
         def walker():
