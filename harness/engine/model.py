@@ -583,8 +583,12 @@ class Engine:
         overlaps the device's. Each step has its own flags, pick and pinned logits buffer, one
         of two that alternate; on a GPU each is captured once per cache (``("greedy", slot)``)
         and replayed. A NaN/Inf raises :class:`NumericError` as :meth:`decode_step` does, once
-        the step issued after it is done too (the session is unusable then either way). A
-        recording trace (bisect) runs the :meth:`decode_step` calls themselves."""
+        the step issued after it is done too (the session is unusable then either way). A call
+        stopped part-way by anything else (an interrupt, a failed launch) waits for the steps
+        it issued, sets the cache's position to them and leaves the session refusing
+        (:class:`InputError`, ``decode_greedy stopped after k of n steps``) until a snapshot is
+        restored: those steps' picks reached no caller. A recording trace (bisect) runs the
+        :meth:`decode_step` calls themselves."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise InputError(f"decode_greedy: n must be a positive integer, got {n!r}")
         n = int(n)
@@ -643,7 +647,10 @@ class Engine:
         except NumericError:
             raise
         except BaseException as e:  # an interrupt, a failed launch: steps ran that no caller saw
-            B.synchronize()
+            try:
+                B.synchronize()  # the steps issued end before the position says they ran
+            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
+                pass
             c.pos = start + issued
             c.poisoned = f"decode_greedy stopped after {issued} of {n} steps ({type(e).__name__})"
             raise
