@@ -15,7 +15,7 @@ from harness.engine.config import ModelConfig
 from harness.engine.draft import draft_ids, read_draft_vocab
 from harness.engine.model import Engine
 from harness.engine.weights import load_checkpoint
-from harness.errors import InputError, PrimewalkError
+from harness.errors import InputError, NumericError, PrimewalkError
 from harness.models import default_model_path
 from harness.walk.mtp_walker import run_prime
 from harness.walk.speculative import continue_plain, continue_spec
@@ -164,3 +164,35 @@ def test_generate_cli_with_a_draft_vocab(capsys, tmp_path):
     assert "outside 1..260" in capsys.readouterr().err
     assert cli_main(args + ["--plain", "--draft-vocab", "8"]) == 2
     assert "--plain drafts nothing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["exact", "exact-bf16"])
+@pytest.mark.parametrize("vocab", [None, ODD])
+def test_chained_drafts_are_the_stepwise_passes(ck, mode, vocab):
+    """mtp_draft (each pass picking on the device for the next) drafts what mtp_rows passes with
+    the host's argmax between them draft, and leaves the same cache: first passes of 1, 2 and 5
+    rows, chains of 1, 3 and 4."""
+    eng = Engine(ck, "cpu", mode=mode, draft_vocab=vocab)
+    for n, k in ((1, 1), (2, 3), (5, 4)):
+        s, toks, h = primed(eng, seed=n)
+        s.cache.mtp_len = s.cache.pos + 1 - n
+        snap = s.cache.snapshot()
+        got = eng.mtp_draft(s, toks[-n:], h[-n - 1:-1], k)
+        d, m = s.cache.digest(), s.cache.mtp_len
+        s.cache.restore(snap)
+        assert got == eng._draft_stepwise(s, toks[-n:], h[-n - 1:-1], k), (n, k)
+        assert s.cache.digest() == d and s.cache.mtp_len == m == s.cache.pos + 1, (n, k)
+        if vocab is not None:
+            assert set(got) <= set(ODD)
+
+
+def test_a_nan_in_a_chained_draft_raises(ck):
+    eng = Engine(ck, "cpu")
+    s, toks, h = primed(eng)
+    s.cache.mtp_len = s.cache.pos - 1
+    h = h.copy()
+    h[-2, 0] = np.nan  # the first pass's last row: its draft and every later pass are NaN
+    with pytest.raises(NumericError, match="^mtp.layers.0 produced NaN or Inf"):
+        eng.mtp_draft(s, toks[-2:], h[-3:-1], 3)
+    with pytest.raises(InputError, match="session unusable: mtp.layers.0 produced NaN"):
+        eng.decode_step(s, 1)

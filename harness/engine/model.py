@@ -108,6 +108,7 @@ class Engine:
         self._no_flags = self.B.zeros((1,), np.int32)  # the flags of a launch that raises none
         w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
         self._lin = lin or self.B.upload  # how a matrix a GEMM reads goes to the backend
+        self._emb = emb or self._lin  # and the embedding (prepare_weights' rule)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]  # one per NaN/Inf flag slot
@@ -719,6 +720,7 @@ class Engine:
         (resident as the lm head is); :meth:`mtp_draft` then runs its passes through that copy
         and returns ids of the vocabulary. The draft logits are the full head's at those ids,
         bit for bit."""
+        self._draft_gen += 1  # the draft passes' captures read the head they were captured with
         if vocab is None:
             self.draft_ids = self.draft_head = None
             return
@@ -728,7 +730,6 @@ class Engine:
         src = t["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
         self.draft_head = self._lin(np.ascontiguousarray(np.asarray(src)[ids], dtype=F32))
         self.draft_ids = ids
-        self._draft_gen += 1
 
     def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False, draft=False):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
@@ -747,25 +748,11 @@ class Engine:
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
         key = graph_key("mtp", R, n, "draft", self._draft_gen) if sub else graph_key("mtp", R, n)
-        head = (self.draft_head, len(self.draft_ids), "logits.draft") if sub else None
+        head = self._draft_head() if sub else None
 
         def body(inp, at, pos):
-            e = self.ws("mtp_e", R, H)
-            ops.embed(inp["ids"], self.embed, e)
-            self._tap("embed", e)
-            cat = self.ws("mtp_cat", R, 2 * H)
-            cx = self.xp("mtp_cat", R, 2 * H)  # each half packs its own pairs (H % 4 == 0 where there is one)
-            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R, cx)
-            self._tap("norm_e", cat, c1=H)
-            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R, cx)
-            self._tap("norm_h", cat, c0=H)
-            x = self.ws("x", R, H)
-            self._linear(cat, M["fc"], x, R, cx)
-            self._tap("fc", x)
-            h = self._norm_in(x, M["layer"], R)
-            mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
-            self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
+            self._mtp_pass(inp["ids"], self.embed, inp["hin"], R, at, pos, c, flags, hf)
             return self._lm_head(hf, R, n, None, -1, dst, head), hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
@@ -775,6 +762,32 @@ class Engine:
         out = self._logits_host(logits, dst)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, hidden
+
+    def _mtp_pass(self, ids, table, hin, R, at, pos, c, flags, hf):
+        """The launches of one MTP pass over ``R`` rows up to its final norm: the rows of
+        ``table`` at ``ids`` (the embedding, or the draft vocabulary's rows of it) paired with
+        ``hin``, the head's layer at position ``at`` (``pos`` on the device when not None),
+        the normed output rows into ``hf``."""
+        cfg, ops, M, H = self.cfg, self.ops, self.mtp, self.cfg.hidden_size
+        e = self.ws("mtp_e", R, H)
+        ops.embed(ids, table, e)
+        self._tap("embed", e)
+        cat = self.ws("mtp_cat", R, 2 * H)
+        cx = self.xp("mtp_cat", R, 2 * H)  # each half packs its own pairs (H % 4 == 0 where there is one)
+        ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R, cx)
+        self._tap("norm_e", cat, c1=H)
+        ops.rmsnorm(hin, M["norm_h"], cfg.rms_norm_eps, cat, H, R, cx)
+        self._tap("norm_h", cat, c0=H)
+        x = self.ws("x", R, H)
+        self._linear(cat, M["fc"], x, R, cx)
+        self._tap("fc", x)
+        h = self._norm_in(x, M["layer"], R)
+        mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
+        self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
+
+    def _draft_head(self):
+        """(weight, width, logits workspace) of the draft vocabulary's lm-head rows."""
+        return self.draft_head, len(self.draft_ids), "logits.draft"
 
     def mtp_fill(self, sess, tokens, hiddens):
         """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
@@ -790,13 +803,72 @@ class Engine:
         """One pass over the committed rows (filling the head's K/V; the last row must be the
         pending token at the trunk's position), then ``chain`` greedy drafts, each fed by the
         head's own output hidden. Returns the drafts: ids of the vocabulary, picked among the
-        draft vocabulary's where one is set (:meth:`set_draft_vocab`; the lowest id on a tie)."""
+        draft vocabulary's where one is set (:meth:`set_draft_vocab`; the lowest id on a tie).
+
+        The passes are chained on the device: each one's last kernels pick its draft
+        (``greedy_pick``, ``numpy.argmax`` of its logits row) and write it, and the next position,
+        where the next pass reads its token, so the host issues every pass before it waits
+        once, for the picks; no logits reach the host. A pass after the first embeds its
+        token from the draft vocabulary's rows of the embedding, the pick being an index into
+        them. Bitwise the passes :meth:`mtp_rows` runs one at a time with the host's argmax
+        between them (:meth:`_draft_stepwise`, which a recording trace runs)."""
         c = sess.cache
         n = len(tokens)
         if c.mtp_len + n != c.pos + 1:
             raise PrimewalkError(f"MTP cache out of step: {c.mtp_len} + {n} rows vs trunk position {c.pos}")
         if c.pos + chain > c.max_ctx:
             raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
+        if getattr(sess, "trace", None) is not None or chain < 1:
+            return self._draft_stepwise(sess, tokens, hiddens, chain)
+        self.require_mtp()
+        cfg, B = self.cfg, self.B
+        ids = self.check_ids(tokens, "MTP tokens")
+        start = c.mtp_len
+        if start + n > c.max_ctx:
+            raise InputError(f"MTP rows up to position {start + n - 1} exceed the cache capacity {c.max_ctx}")
+        ch = self._draft_chain(chain, n)
+        io, picked, dh = ch["io"], ch["picked"], ch["h"]
+        sub = self.draft_ids is not None
+        head = self._draft_head() if sub else (self.lm_head, cfg.vocab_size, "logits")
+        table = ch["embed"] if sub else self.embed  # a pass after the first embeds its pick
+        flags = self._flags()
+        hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
+        keep = [io, picked, dh, head[0], table]
+        gen = self._draft_gen
+        B.copy_into(io, np.array([start + n - 1, 0], np.int32))  # the first pick moves it to start + n
+
+        def first(inp, at, pos):
+            self._mtp_pass(inp["ids"], self.embed, inp["hin"], n, at, pos, c, flags, dh[:n])
+            self.ops.greedy_pick(self._lm_head(dh, n, 1, None, -1, None, head), io, picked, 0)
+
+        try:
+            self._step(c, graph_key("draft", n, gen), first, {"ids": ids, "hin": hin}, start, keep)
+            for i in range(1, chain):
+                r = n if i == 1 else 1  # the previous pass's rows: its last row feeds this one
+
+                def body(at, pos, i=i, r=r):
+                    self._mtp_pass(io[1:2], table, dh[r - 1:r], 1, at, pos, c, flags, dh[:1])
+                    self.ops.greedy_pick(self._lm_head(dh, 1, 1, None, -1, None, head), io, picked, i)
+
+                self.steps.run_chained(c, self._captured(graph_key("draft+", r, i, gen)), body, start + n + i - 1,
+                                       io[0:1], lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags,
+                                                         *keep, *self._ws.values()])
+            B.synchronize()
+        except BaseException:  # a stopped or failed launch: let what was issued end before the next call
+            try:
+                B.synchronize()
+            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
+                pass
+            raise
+        c.mtp_len = start + n
+        self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
+        got = ch["picked_host"][:chain].tolist()
+        return got if not sub else [int(self.draft_ids[d]) for d in got]
+
+    def _draft_stepwise(self, sess, tokens, hiddens, chain):
+        """:meth:`mtp_draft` as :meth:`mtp_rows` passes, the host's argmax between them."""
+        c = sess.cache
+        n = len(tokens)
         start = c.mtp_len
         logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True, draft=True)
         c.mtp_len = start + n
@@ -810,3 +882,24 @@ class Engine:
                 logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True,
                                             draft=True)
         return drafts
+
+    def _draft_chain(self, chain, rows):
+        """:meth:`mtp_draft`'s buffers, owned by the engine (a capture holds their addresses, so
+        they outlive the workspace's growth): int32 [position, token] on the device (``io``),
+        the picks (mapped host memory the kernels write), the passes' normed rows ``h`` (a pass
+        reads its predecessor's last row there) and the draft vocabulary's embedding rows. Grown
+        for a longer chain or a wider first pass, which bumps the draft passes' capture keys."""
+        B, H = self.B, self.cfg.hidden_size
+        ch = self.__dict__.get("_draft_bufs")
+        if ch is None or ch["picked"].shape[0] < chain or ch["h"].shape[0] < rows:
+            cap = max(chain, 8, 0 if ch is None else ch["picked"].shape[0])
+            hr = max(rows, 8, 0 if ch is None else ch["h"].shape[0])
+            picked = B.mapped_zeros((cap,), np.int32)
+            ch = self._draft_bufs = dict(io=B.zeros((2,), np.int32), picked=picked, picked_host=host_view(picked),
+                                         h=B.empty((hr, H)), embed=None, embed_gen=None)
+            self._draft_gen += 1
+        if self.draft_ids is not None and ch["embed_gen"] != self._draft_gen:
+            t = np.asarray(self.ckpt.tensors["model.embed_tokens.weight"])
+            ch["embed"] = self._emb(np.ascontiguousarray(t[self.draft_ids], dtype=F32))
+            ch["embed_gen"] = self._draft_gen
+        return ch

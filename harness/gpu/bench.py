@@ -412,7 +412,8 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None):
     out = {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
            "same_tokens": spec.tokens == plain.tokens,
            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
-           "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3}
+           "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
+           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
     if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
         eng.set_draft_vocab(draft_vocab)
         try:
@@ -420,10 +421,24 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None):
             out["draft_vocab"] = {"size": draft_vocab, "spec_tokens_per_s": dv.tokens_per_s,
                                   "same_tokens": dv.tokens == plain.tokens,
                                   "mean_acceptance_length": float(dv.metrics["mean_acceptance_length"]),
-                                  "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3}
+                                  "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3,
+                                  "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
         finally:
             eng.set_draft_vocab(None)
     return out
+
+
+def drafts_chained_equal_stepwise(eng, sess, snap, k):
+    """Whether ``Engine.mtp_draft`` (chained passes, the picks on the device) drafts what its
+    passes run one at a time with the host's argmax draft (``_draft_stepwise``), leaving the same
+    cache digest; ``sess`` restored to ``snap`` before each and after."""
+    out = []
+    for run in (eng.mtp_draft, eng._draft_stepwise):
+        sess.cache.restore(snap)
+        sess.cache.mtp_len = sess.cache.pos - 1
+        out.append((run(sess, [1, 2], np.zeros((2, eng.cfg.hidden_size), np.float32), k), sess.cache.digest()))
+    sess.cache.restore(snap)
+    return out[0] == out[1]
 
 
 def _time_draft_verify(eng, sess, snap, k, verify=False):
