@@ -66,6 +66,9 @@ SPEC_STEP_WARMUP, SPEC_STEP_REPS = 2, 15
 # the draft step is also timed drafting among the first BENCH_DRAFT_VOCAB ids (harness.engine.draft:
 # the size EAGLE-3 and FR-Spec use for 128k-152k vocabularies), the lm head's other rows unread
 BENCH_DRAFT_VOCAB = 32768
+# ... and, for K = 3 only, at these smaller sizes (draft_vocab.draft_step_ms_by_size): the step's
+# cost against N, its MTP layer's share fixed
+BENCH_DRAFT_VOCAB_CURVE = (16384, 8192)
 # where the run happens: the torch device and the engine backend (tests run the whole bench on
 # the CPU with a tiny model by setting both to "cpu")
 DEVICE, BACKEND = "cuda", "cuda"
@@ -385,12 +388,13 @@ def decode_figures(eng, make_session, reps=1):
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
-def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None):
+def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=()):
     """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
     second run (compilation and graph capture excluded), and the cost of one draft step (K
     chained MTP passes) and of one K+1-row verify step, timed in isolation; with
     ``draft_vocab`` N (smaller than the vocabulary) the draft step again, drafting among the
-    ids 0..N-1 (``draft_vocab`` in the result)."""
+    ids 0..N-1 (``draft_vocab`` in the result), and at each size of ``draft_vocab_curve``
+    (``draft_step_ms_by_size``)."""
     from ..walk.mtp_walker import run_prime
     from ..walk.scheduler import reset_session, zero_snapshot
     from ..walk.speculative import continue_plain, continue_spec
@@ -423,6 +427,12 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None):
                                   "mean_acceptance_length": float(dv.metrics["mean_acceptance_length"]),
                                   "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3,
                                   "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
+            by = {}
+            for n in draft_vocab_curve:
+                eng.set_draft_vocab(n)
+                by[str(n)] = _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3
+            if by:
+                out["draft_vocab"]["draft_step_ms_by_size"] = by
         finally:
             eng.set_draft_vocab(None)
     return out
@@ -573,8 +583,9 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
     res["spec"] = {}
     if "spec" not in skip:
         for k in SPEC_KS:
-            res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k, draft_vocab=BENCH_DRAFT_VOCAB), errors,
-                                           f"spec k{k}")
+            res["spec"][f"k{k}"] = guarded(lambda: spec_run(
+                eng, ids512, k, draft_vocab=BENCH_DRAFT_VOCAB, draft_vocab_curve=BENCH_DRAFT_VOCAB_CURVE if k == 3 else ()),
+                errors, f"spec k{k}")
         res["spec"] = {k: v for k, v in res["spec"].items() if isinstance(v, dict)}
     if "walker" not in skip and fits(30):
         def walker():

@@ -505,6 +505,11 @@ def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> st
             full = dict(_spec_rows(runs[0][1]))
             out += [f"| {k} | {v.get('size')} | {_ms(v.get('draft_step_ms'))} | {_ms(full[k].get('draft_step_ms'))} | "
                     f"{_rate(v.get('spec_tokens_per_s'))} | {'yes' if v.get('same_tokens') else 'no'} |" for k, v in dv]
+            by = [(k, n, ms) for k, v in dv for n, ms in sorted(_sub(v, "draft_step_ms_by_size").items(),
+                                                                key=lambda x: -int(x[0]))]
+            if by:
+                out += ["", "The same draft step at smaller draft vocabularies: " + "; ".join(
+                    f"K = {k}, N = {int(n):,}: {_ms(ms)}" for k, n, ms in by) + "."]
     goals = r.get("goals") or {}
     note = goals_device_note(r)
     out += ["", f"The goals (the JSON's `goals` block). {note}" if note else "The goals (the JSON's `goals` block):", "",
