@@ -196,3 +196,23 @@ def test_a_nan_in_a_chained_draft_raises(ck):
         eng.mtp_draft(s, toks[-2:], h[-3:-1], 3)
     with pytest.raises(InputError, match="session unusable: mtp.layers.0 produced NaN"):
         eng.decode_step(s, 1)
+
+
+def test_captures_of_an_older_draft_vocabulary_are_dropped(ck):
+    """A cache's captures of draft passes carry the engine's draft generation; setting another
+    vocabulary makes the next draft call drop the old ones (and what they hold: the old head)."""
+    eng = Engine(ck, "cpu", draft_vocab=ODD)
+    s, toks, h = primed(eng)
+    c = s.cache
+    other = ("decode", 1)
+    c.graphs.update({("draft", 2, "draft", eng._draft_gen): "g", ("mtp", 1, "draft", eng._draft_gen, 1): "g",
+                     other: "keep"})
+    c.graph_seen.update({("draft+", 2, "draft", eng._draft_gen, 1), other})
+    c.logit_rings[("mtp", 1, "draft", eng._draft_gen, 1)] = ["ring"]
+    eng._drop_old_drafts(c)
+    assert len(c.graphs) == 3  # the generation is current: nothing dropped
+    eng.set_draft_vocab(16)
+    c.mtp_len = c.pos - 1
+    eng.mtp_draft(s, toks[-2:], h[-3:-1], 2)
+    assert c.graphs == {other: "keep"} and c.graph_seen == {other} and c.logit_rings == {}
+    assert c.draft_gen == eng._draft_gen

@@ -62,7 +62,8 @@ class Engine:
     - ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
       ``capture``, per-row DeltaNet state so :meth:`rollback` can keep an accepted prefix.
     - ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP
-      head (``mtp_rows`` is the pass both run).
+      head (``mtp_rows`` is the pass both run; ``mtp_draft`` chains its passes on the device,
+      drafting among a draft vocabulary once ``set_draft_vocab`` set one).
 
     Arrays at the API, one convention for every entry point:
 
@@ -747,8 +748,10 @@ class Engine:
         n = R if logits_rows is None else min(logits_rows, R)
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
-        key = graph_key("mtp", R, n, "draft", self._draft_gen) if sub else graph_key("mtp", R, n)
+        key = graph_key("mtp", R, "draft", self._draft_gen, n) if sub else graph_key("mtp", R, n)
         head = self._draft_head() if sub else None
+        if sub:
+            self._drop_old_drafts(c)
 
         def body(inp, at, pos):
             hf = self.ws("hf", R, H)
@@ -827,6 +830,7 @@ class Engine:
         if start + n > c.max_ctx:
             raise InputError(f"MTP rows up to position {start + n - 1} exceed the cache capacity {c.max_ctx}")
         ch = self._draft_chain(chain, n)
+        self._drop_old_drafts(c)
         io, picked, dh = ch["io"], ch["picked"], ch["h"]
         sub = self.draft_ids is not None
         head = self._draft_head() if sub else (self.lm_head, cfg.vocab_size, "logits")
@@ -842,7 +846,7 @@ class Engine:
             self.ops.greedy_pick(self._lm_head(dh, n, 1, None, -1, None, head), io, picked, 0)
 
         try:
-            self._step(c, graph_key("draft", n, gen), first, {"ids": ids, "hin": hin}, start, keep)
+            self._step(c, graph_key("draft", n, "draft", gen), first, {"ids": ids, "hin": hin}, start, keep)
             for i in range(1, chain):
                 r = n if i == 1 else 1  # the previous pass's rows: its last row feeds this one
 
@@ -850,7 +854,7 @@ class Engine:
                     self._mtp_pass(io[1:2], table, dh[r - 1:r], 1, at, pos, c, flags, dh[:1])
                     self.ops.greedy_pick(self._lm_head(dh, 1, 1, None, -1, None, head), io, picked, i)
 
-                self.steps.run_chained(c, self._captured(graph_key("draft+", r, i, gen)), body, start + n + i - 1,
+                self.steps.run_chained(c, self._captured(graph_key("draft+", r, "draft", gen, i)), body, start + n + i - 1,
                                        io[0:1], lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags,
                                                          *keep, *self._ws.values()])
             B.synchronize()
@@ -882,6 +886,18 @@ class Engine:
                 logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True,
                                             draft=True)
         return drafts
+
+    def _drop_old_drafts(self, c):
+        """Drop cache ``c``'s captures of draft passes made under an older draft generation (a
+        draft vocabulary set since, or the chain's buffers grown): their keys carry it, after
+        ``"draft"`` (``(what, rows, "draft", generation, ...)``), and what they hold (an old
+        draft head, buffers) is freed. Runs between calls, when none of them is in flight."""
+        if c.draft_gen == self._draft_gen:
+            return
+        for keys in (c.graphs, c.logit_rings, c.graph_seen):
+            for k in [k for k in keys if len(k) > 3 and k[2] == "draft" and k[3] != self._draft_gen]:
+                keys.remove(k) if isinstance(keys, set) else keys.pop(k)
+        c.draft_gen = self._draft_gen
 
     def _draft_chain(self, chain, rows):
         """:meth:`mtp_draft`'s buffers, owned by the engine (a capture holds their addresses, so
