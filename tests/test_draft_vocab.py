@@ -12,6 +12,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.engine.config import ModelConfig
+from harness.engine.draft import digest as draft_digest
 from harness.engine.draft import draft_ids, read_draft_vocab
 from harness.engine.model import Engine
 from harness.engine.weights import load_checkpoint
@@ -216,3 +217,24 @@ def test_captures_of_an_older_draft_vocabulary_are_dropped(ck):
     eng.mtp_draft(s, toks[-2:], h[-3:-1], 2)
     assert c.graphs == {other: "keep"} and c.graph_seen == {other} and c.logit_rings == {}
     assert c.draft_gen == eng._draft_gen
+
+
+def test_run_matrix_with_a_draft_vocab_keeps_every_greedy_digest(tmp_path, capsys):
+    """The tiny matrix drafting among 32 ids, against its golden receipt (no draft vocabulary):
+    every greedy cell's digests equal; a sampled cell's continuation and final state move with
+    the drafts (README); the receipt records the vocabulary, its spec hash is the golden's."""
+    from harness.matrix.diff import diff_receipts
+    from harness.matrix.receipts import read_receipt
+
+    out = tmp_path / "dv.json"
+    assert cli_main(["run-matrix", "--spec", "harness/specs/tiny.toml", "--draft-vocab", "32", "--out", str(out),
+                     "--quiet", "--no-plots"]) == 0
+    r = read_receipt(str(out))
+    assert r["env"]["draft_vocab"] == {"size": 32, "ids_sha256": draft_digest(np.arange(32))}
+    res = diff_receipts("receipts/golden/tiny.json", str(out), digests_only=True)
+    assert not res.unusable
+    moved = {(row.cell.split("/")[-1], row.field) for row in res.rows}
+    assert moved and moved <= {("t0.7", "digests.continuation"), ("t0.7", "digests.final_state")}, moved
+    assert cli_main(["run-matrix", "--spec", "harness/specs/tiny.toml", "--draft-vocab", "32", "--workers", "2",
+                     "--out", str(tmp_path / "w.json")]) == 2
+    assert "--draft-vocab applies to one process" in capsys.readouterr().err

@@ -80,7 +80,7 @@ def read_draft_vocab(arg: str, vocab_size: int) -> np.ndarray:
 
 
 def digest(ids: np.ndarray) -> str:
-    """A short SHA-256 of the ids (as little-endian int64), for receipts and reports."""
+    """The SHA-256 of the ids (as little-endian int64), for receipts and reports."""
     import hashlib
 
-    return hashlib.sha256(np.ascontiguousarray(ids, "<i8").tobytes()).hexdigest()[:16]
+    return hashlib.sha256(np.ascontiguousarray(ids, "<i8").tobytes()).hexdigest()
