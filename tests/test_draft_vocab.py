@@ -238,3 +238,35 @@ def test_run_matrix_with_a_draft_vocab_keeps_every_greedy_digest(tmp_path, capsy
     assert cli_main(["run-matrix", "--spec", "harness/specs/tiny.toml", "--draft-vocab", "32", "--workers", "2",
                      "--out", str(tmp_path / "w.json")]) == 2
     assert "--draft-vocab applies to one process" in capsys.readouterr().err
+
+
+def test_ranked_breaks_ties_by_id_and_fills_with_unseen_ids():
+    import collections
+
+    from harness.cli.draftvocab import ranked
+
+    c = collections.Counter({7: 3, 2: 3, 9: 5, 4: 1})
+    assert ranked(c, 3) == [9, 2, 7]
+    assert ranked(c, 6) == [9, 2, 7, 4, 0, 1]
+
+
+def test_draft_vocab_command_counts_a_corpus(tmp_path, capsys):
+    """harness draft-vocab on a byte-level model: the most frequent bytes of the corpus, written
+    as a file generate / run-matrix --draft-vocab read; bad input exits 2 in one line."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("aaaa bbb cc\n")
+    (corpus / "b.md").write_text("aaa\n")
+    (corpus / "skip.bin").write_text("zzzzzzzzzzzzzzzzzzzz")
+    out = tmp_path / "dv.txt"
+    assert cli_main(["draft-vocab", "--model", "stdlib-small", "--corpus", str(corpus), "--size", "5",
+                     "--out", str(out)]) == 0
+    assert "5 ids covering" in capsys.readouterr().out
+    want = [ord("a"), ord("b"), ord("\n"), ord(" "), ord("c")]  # 7, 3, 3 (10 < 32), 2, 2 (32 < 99)
+    assert [int(w) for ln in out.read_text().splitlines() if not ln.startswith("#") for w in ln.split()] == want
+    assert read_draft_vocab(str(out), V).tolist() == sorted(want)
+    for argv, msg in ((["--corpus", str(tmp_path / "none"), "--size", "5"], "no such file or folder"),
+                      (["--corpus", str(corpus), "--size", "0"], "outside 1..260"),
+                      (["--corpus", str(corpus), "--ext", ".csv", "--size", "5"], "no files")):
+        assert cli_main(["draft-vocab", "--model", "stdlib-small", "--out", str(tmp_path / "x.txt")] + argv) == 2
+        assert msg in capsys.readouterr().err
