@@ -152,6 +152,7 @@ def test_the_draft_vocabulary_goal_and_table():
     md = rep.readme_markdown(r)
     assert "| 3 | 32768 | 0.500 ms | 0.400 ms | 280 | yes |" in md
     assert "`draft_step_k3_draft_vocab_over_decode` | 0.455 × (0.500 ms)" in md
+    assert "spec bench-8l k3: " in table(r) and "; among 32768 ids: draft step 0.50 ms" in table(r)
     assert "K = 3, N = 16,384: 0.400 ms; K = 3, N = 8,192: 0.300 ms." in md
 
 

@@ -781,7 +781,9 @@ def table(r) -> str:
         for k, s in spec.items():
             out.append(f"spec {label} {k}: {s['spec_tokens_per_s']:.1f} tok/s (plain {s['plain_tokens_per_s']:.1f}), "
                        f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms, "
-                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}")
+                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}"
+                       + (f"; among {s['draft_vocab']['size']} ids: draft step {s['draft_vocab']['draft_step_ms']:.2f} ms"
+                          if isinstance(s.get("draft_vocab"), dict) else ""))
     sg = r.get("sgemm") or {}
     out.append(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; decode floor {r['decode_floor_ms']:.3f} "
                f"ms/token; sgemm {max((x['tflops'] for x in sg.values()), default=float('nan')):.1f} TFLOP/s")
