@@ -270,3 +270,27 @@ def test_draft_vocab_command_counts_a_corpus(tmp_path, capsys):
                       (["--corpus", str(corpus), "--ext", ".csv", "--size", "5"], "no files")):
         assert cli_main(["draft-vocab", "--model", "stdlib-small", "--out", str(tmp_path / "x.txt")] + argv) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_tools_time_drafts_among_a_draft_vocabulary(tmp_path, capsys):
+    """tools/spec_cost.py --draft-vocab and tools/probe_draft.py on the CPU twin: they run, and the
+    probe's first draft is the full head's argmax over each draft vocabulary."""
+    import importlib.util
+    import os
+
+    def tool(name):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    assert tool("spec_cost").main(["--model", default_model_path(), "--draft-vocab", "16", "--k", "2",
+                                   "--prompt-len", "16", "--repeat", "1"]) == 0
+    assert "drafts among 16 ids" in capsys.readouterr().out
+    out = tmp_path / "p.json"
+    assert tool("probe_draft").main(["--out", str(out), "--sizes", "64,16", "--ks", "1,3", "--backend", "cpu",
+                                     "--model", default_model_path()]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["draft_vocab"], r["k"]) for r in rows] == [(V, 1), (V, 3), (64, 1), (64, 3), (16, 1), (16, 3)]
+    assert [r.get("first_draft_is_full_argmax_over_ids") for r in rows if r["k"] == 3] == [None, True, True]
