@@ -294,3 +294,17 @@ def test_tools_time_drafts_among_a_draft_vocabulary(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["draft_vocab"], r["k"]) for r in rows] == [(V, 1), (V, 3), (64, 1), (64, 3), (16, 1), (16, 3)]
     assert [r.get("first_draft_is_full_argmax_over_ids") for r in rows if r["k"] == 3] == [None, True, True]
+
+
+def test_bisect_runs_both_sides_with_a_draft_vocab(capsys):
+    """harness bisect --draft-vocab: two schedules drafting among 16 ids part nowhere (their
+    traces include the MTP passes' stepwise drafts), and an injected fault is still found."""
+    args = ["bisect", "--prompt-len", "70", "--a", "batched", "--b", "tokenwise", "--k", "2", "--draft-vocab", "16"]
+    assert cli_main(args) == 0
+    assert capsys.readouterr().out.startswith("no divergence")
+    assert cli_main(args + ["--fault", "2:recurrence:60"]) == 1
+    assert "first divergence: layer=2 op=recurrence row=60" in capsys.readouterr().out
+    assert cli_main(["bisect", "--spec", "harness/specs/tiny.toml", "--cell", "tiny/p130/split@64/k2/greedy",
+                     "--draft-vocab", "32"]) == 0
+    assert cli_main(["bisect", "--list-ops", "--draft-vocab", "4"]) == 2
+    assert "not --draft-vocab" in capsys.readouterr().err
