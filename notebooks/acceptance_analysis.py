@@ -59,6 +59,12 @@ same_weights = receipt_a["model"]["weights_sha256"] == receipt_b["model"]["weigh
 if not same_weights:
     print(f"note: B ({path_b}) was recorded with other weights than A; the A vs B comparison below "
           "says nothing until B is re-recorded")
+# drafts among a draft vocabulary (run-matrix --draft-vocab): acceptance is that vocabulary's
+draft_vocab = {name: (r.get("env") or {}).get("draft_vocab") for name, r in (("A", receipt_a), ("B", receipt_b))}
+for name, dv in draft_vocab.items():
+    if dv:
+        print(f"{name} drafted among a draft vocabulary of {dv['size']} ids (sha256 {dv['ids_sha256'][:16]})")
+same_drafting = draft_vocab["A"] == draft_vocab["B"]
 
 # %% [markdown]
 # ## Per K
@@ -124,12 +130,15 @@ display_frame
 # %% [markdown]
 # ## A vs B
 #
-# Acceptance counts are compared fields: the same cell must accept the same drafts on both runs.
+# Acceptance counts are compared fields: the same cell must accept the same drafts on both runs
+# (when both drafted among the same vocabulary: the whole one, or the same `--draft-vocab`).
 
 # %%
 keys = ["id", "acceptance.drafts", "acceptance.accepted"]
 if not same_weights:
     comparison = "A and B were recorded with different weights"
+elif not same_drafting:
+    comparison = "A and B drafted among different draft vocabularies: their acceptance differs by design"
 elif has_acceptance and all(k in cells_b.columns for k in keys):
     both = cells[keys].merge(cells_b[keys], on="id", how="outer", suffixes=(" A", " B"), indicator=True)
     differ = both[(both["_merge"] != "both")

@@ -94,6 +94,16 @@ def pick_tree(sv, si, t, nt):
         h //= 2
 
 
+@body
+def pick_block(bv, bi, sv, si, t, nt):
+    """The first of the block's candidates, one (bv, bi) per thread, into thread 0's (sv[0],
+    si[0]) (every thread of the block must call it: it holds barriers)."""
+    sv[t] = bv
+    si[t] = bi
+    barrier()
+    pick_tree(sv, si, t, nt)
+
+
 @kernel
 def greedy_pick_part_k(logits, V, pv, pi):
     """Block b: the first of logits[0, b·PICK_SPAN ..] into (pv[b], pi[b])."""
@@ -106,10 +116,7 @@ def greedy_pick_part_k(logits, V, pv, pi):
     for i in range(lo + t, hi, nt):
         if pick_better(logits[0, i], i, bv, bi):
             bv, bi = logits[0, i], i
-    sv[t] = bv
-    si[t] = bi
-    barrier()
-    pick_tree(sv, si, t, nt)
+    pick_block(bv, bi, sv, si, t, nt)
     if t == 0:
         pv[b] = sv[0]
         pi[b] = si[0]
@@ -125,10 +132,7 @@ def greedy_pick_final_k(pv, pi, G, io, picked, slot):
     for j in range(t, G, nt):
         if pick_better(pv[j], pi[j], bv, bi):
             bv, bi = pv[j], pi[j]
-    sv[t] = bv
-    si[t] = bi
-    barrier()
-    pick_tree(sv, si, t, nt)
+    pick_block(bv, bi, sv, si, t, nt)
     if t == 0:
         io[1] = si[0]
         io[0] = io[0] + 1

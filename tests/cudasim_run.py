@@ -446,6 +446,21 @@ def model_steps():
 
     step("greedy p16 n5 (eager, captured)", 1, lambda e, s: greedy(e, s, 5))
     step("greedy p21 n4 (replayed)", 1, lambda e, s: greedy(e, s, 4))
+    # chained MTP drafts (Engine.mtp_draft): a two-row first pass and two chained passes, each
+    # run eagerly, captured, replayed; then again drafting among a draft vocabulary (every
+    # third id: a pick is an index into it, and the passes after the first embed from its rows)
+    hs = r(2, cfg.hidden_size)
+
+    def drafts(e, s):
+        s.cache.mtp_len = s.cache.pos - 1
+        return (np.array(e.mtp_draft(s, [int(t) for t in ids[40:42]], hs if e is ec else e.B.upload(hs), 3)),)
+
+    for vocab in (None, list(range(1, cfg.vocab_size, 3))):
+        ec.set_draft_vocab(vocab)
+        eg.set_draft_vocab(vocab)
+        for i in range(3):
+            step(f"draft K3 {'draft vocabulary' if vocab else 'vocabulary'} ({['eager', 'captured', 'replayed'][i]})",
+                 2, drafts)
     return steps
 
 

@@ -127,7 +127,33 @@ def test_profiles_attention_rate_and_gemm_rates(eng):
 def test_spec_run_measures_steps_and_keeps_greedy_tokens(eng):
     r = spec_run(eng, list(range(1, 50)), 2, new_tokens=8)
     assert r["same_tokens"] and r["draft_step_ms"] > 0 and r["verify_step_ms"] > 0
-    assert r["mean_acceptance_length"] >= 1.0
+    assert r["mean_acceptance_length"] >= 1.0 and r["draft_chained_equals_stepwise"] is True
+    assert "draft_vocab" not in r and eng.draft_ids is None
+
+
+def test_spec_run_times_the_draft_step_with_a_draft_vocabulary_too(eng):
+    r = spec_run(eng, list(range(1, 50)), 3, new_tokens=8, draft_vocab=64, draft_vocab_curve=(32, 8))
+    dv = r["draft_vocab"]
+    assert dv["size"] == 64 and dv["draft_step_ms"] > 0 and dv["same_tokens"] and dv["draft_chained_equals_stepwise"]
+    assert set(dv["draft_step_ms_by_size"]) == {"32", "8"} and min(dv["draft_step_ms_by_size"].values()) > 0
+    assert eng.draft_ids is None  # the engine drafts over the whole vocabulary again
+    assert "draft_vocab" not in spec_run(eng, list(range(1, 50)), 1, new_tokens=4, draft_vocab=eng.cfg.vocab_size)
+
+
+def test_the_draft_vocabulary_goal_and_table():
+    r = make_bench_result()
+    r["primewalk"]["spec"]["k3"]["draft_vocab"] = {"size": 32768, "draft_step_ms": 0.5, "spec_tokens_per_s": 280.0,
+                                                   "same_tokens": True, "draft_chained_equals_stepwise": True,
+                                                   "draft_step_ms_by_size": {"8192": 0.3, "16384": 0.4}}
+    g = rep.goals_block(r)
+    assert g["draft_step_k3_draft_vocab_over_decode"]["value"] == pytest.approx(0.5 / 1.1)
+    assert g["draft_step_k3_draft_vocab_over_decode"]["met"] and "32768 ids" in g["draft_step_k3_draft_vocab_over_decode"]["goal"]
+    r["goals"] = g
+    md = rep.readme_markdown(r)
+    assert "| 3 | 32768 | 0.500 ms | 0.400 ms | 280 | yes |" in md
+    assert "`draft_step_k3_draft_vocab_over_decode` | 0.455 × (0.500 ms)" in md
+    assert "spec bench-8l k3: " in table(r) and "; among 32768 ids: draft step 0.50 ms" in table(r)
+    assert "K = 3, N = 16,384: 0.400 ms; K = 3, N = 8,192: 0.300 ms." in md
 
 
 def test_random_context_fill_sets_the_position(eng):

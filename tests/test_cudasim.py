@@ -133,7 +133,8 @@ def test_captured_steps_store_their_logits_in_mapped_host_memory(sim):
     """Steps small enough to capture (decode, verify, MTP rows: eager, captured and replayed) get
     their logits from the lm head storing into one of the cache's mapped ring buffers, with no
     download (the bits: the test above); primes (too large to capture) download theirs."""
-    steps = [s for s in sim["model"] if s.get("mapped_logits") is not None and not s["step"].startswith("greedy")]
+    steps = [s for s in sim["model"] if s.get("mapped_logits") is not None
+             and not s["step"].startswith(("greedy", "draft"))]  # a draft brings no logits to the host
     small = [s["step"] for s in steps if s["rows"] <= 8 and not s["mapped_logits"]]
     large = [s["step"] for s in steps if s["rows"] > 8 and s["mapped_logits"]]
     assert not small and not large, (small, large)
@@ -179,3 +180,15 @@ def test_greedy_steps_chain_on_the_device(sim):
     assert {"greedy_pick_part_k", "greedy_pick_final_k"} <= set(steps[0]["kernels"]), steps[0]
     assert steps[1]["kernels"] == [], steps[1]
     assert "copy_i32_k" not in steps[0]["kernels"], steps[0]
+
+
+def test_draft_passes_chain_on_the_device(sim):
+    """Engine.mtp_draft on the simulated GPU drafts what the CPU engine drafts (the CPU engine's
+    chained passes are bitwise its stepwise ones: tests/test_draft_vocab.py) with the same MTP
+    cache, over the whole vocabulary and a draft vocabulary: each pass picks on the device, is
+    captured at its second call and only replayed at its third."""
+    steps = [s for s in sim["model"] if s["step"].startswith("draft")]
+    assert len(steps) == 6 and all(s["logits_bitwise"] and s["digest_equal"] for s in steps), steps
+    for first in (0, 3):
+        assert {"greedy_pick_part_k", "greedy_pick_final_k", "embed_k"} <= set(steps[first]["kernels"]), steps[first]
+        assert steps[first + 2]["kernels"] == [], steps[first + 2]

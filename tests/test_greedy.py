@@ -167,3 +167,31 @@ def test_an_interrupted_call_leaves_the_session_refusing(ck, monkeypatch):
     eng.target_step(ref, IDS[:3])
     assert eng.decode_greedy(s, 1, 2)[0] == eng._greedy_stepwise(ref, 1, 2, False)[0]
     assert s.cache.digest() == ref.cache.digest()
+
+
+def test_an_interrupted_call_is_poisoned_even_when_the_device_wait_fails(ck, monkeypatch):
+    """A failed launch can leave a context whose every later call raises, the wait for the steps
+    issued included: the session is still marked unusable and the first error is the one raised."""
+    eng = Engine(ck, "cpu")
+    s = eng.new_session(16)
+    eng.target_step(s, IDS[:3])
+    real = eng.ops.greedy_pick
+    calls = []
+
+    def pick(*a):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("launch failed")
+        return real(*a)
+
+    def dead():
+        raise RuntimeError("context is dead")
+
+    monkeypatch.setattr(eng.ops, "greedy_pick", pick)
+    monkeypatch.setattr(eng.B, "synchronize", dead)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        eng.decode_greedy(s, 1, 4)
+    monkeypatch.undo()
+    assert s.cache.pos == 5
+    with pytest.raises(InputError, match="session unusable: decode_greedy stopped after 2 of 4 steps"):
+        eng.decode_greedy(s, 1, 1)

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from receipt_factory import make_receipt  # noqa: E402
 
-from harness.matrix.receipts import write_receipt  # noqa: E402
+from harness.matrix.receipts import read_receipt, write_receipt  # noqa: E402
 
 jupytext = pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
@@ -131,3 +131,18 @@ def test_throughput_notebook_shows_the_bench_curve_and_goals(synthetic, tmp_path
     assert "131072" in text and "oom" in text and "prime_131072_s" in text and "note: " not in text
     cells = [c for c in nb.cells if "prime_curve_figure" in c.source]
     assert any("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))
+
+
+def test_acceptance_notebook_names_a_draft_vocabulary(synthetic, tmp_path, monkeypatch):
+    """A receipt run with --draft-vocab: the notebook says so, and does not compare its acceptance
+    with a receipt that drafted among another vocabulary."""
+    pa, _, _ = synthetic
+    r = read_receipt(pa)
+    r["env"]["draft_vocab"] = {"size": 32, "ids_sha256": "ab" * 32}
+    path = str(tmp_path / "dv.json")
+    write_receipt(path, r)
+    monkeypatch.setenv("PRIMEWALK_RECEIPT", path)
+    monkeypatch.setenv("PRIMEWALK_RECEIPT_B", pa)
+    text = text_of(execute(os.path.join(ROOT, "notebooks", "acceptance_analysis.py")))
+    assert "A drafted among a draft vocabulary of 32 ids" in text
+    assert "drafted among different draft vocabularies" in text

@@ -15,6 +15,8 @@ sparse steps and MLP-only layers; tied or untied embeddings; odd hidden sizes). 
    the float64 reference (``numba_kernels.reference``: ``ref_vs_hf64``, max |Δ| / max |logit|)
    and the CPU engine against the reference (``eng_vs_ref``); greedy decode after the prompt,
    ``Engine.decode_greedy``'s chained steps against the ``decode_step`` calls (``greedy_bitwise``);
+   ``Engine.mtp_draft``'s chained passes among a random draft vocabulary against the stepwise
+   passes (``drafts_bitwise``, on the checkpoint with the MTP head of step 2);
 2. a random MTP head is added and ``harness run-matrix`` runs a random spec on it -- three prompt
    lengths (1-200 tokens, one of 64-140, one under 64), split and checkpoint points drawn per
    spec (fractions and a row), random chunk sizes, K, sampling -- in both modes (``exact``,
@@ -22,7 +24,8 @@ sparse steps and MLP-only layers; tied or untied embeddings; odd hidden sizes). 
 3. with ``--sim`` (the simulator on: ``NUMBA_ENABLE_CUDASIM=1``, minutes a model): the CUDA engine
    under Numba's simulator against the CPU engine, bit for bit -- a prime, a verify step with
    captures and a rollback, three decode steps (eager, captured, replayed), four chained greedy
-   steps (``decode_greedy``: each slot eager, then captured), an MTP row.
+   steps (``decode_greedy``: each slot eager, then captured), an MTP row, and a chained K = 3
+   draft step among a random draft vocabulary.
 
 One JSON line per configuration (``--out``, and printed); exit 1 if any fails. Needs the oracle
 extra (torch, transformers); ``--sim`` runs only step 3.
@@ -129,7 +132,7 @@ def cpu_case(r, seed, root) -> dict:
     import oracle_models as om
     from harness.engine.model import Engine
     from harness.engine.weights import load_checkpoint, save_checkpoint
-    from harness.gpu.bench import chained_equals_stepwise, with_mtp_head
+    from harness.gpu.bench import chained_equals_stepwise, drafts_chained_equal_stepwise, with_mtp_head
     from numba_kernels.reference import RefModel
 
     name = f"fz{seed}"
@@ -158,7 +161,14 @@ def cpu_case(r, seed, root) -> dict:
         eng.target_step(s, m.ids[:-1])
         return s
     rec["greedy_bitwise"] = chained_equals_stepwise(eng, primed, 5, int(m.ids[-1]))
-    ok = rec["ref_vs_hf64"] <= REF_TOL and rec["eng_vs_ref"] <= ENG_TOL and rec["greedy_bitwise"]
+    # MTP drafts among a random draft vocabulary: the chained passes bitwise the stepwise ones
+    V = ck2.config.vocab_size
+    e2 = Engine(ck2, "cpu", draft_vocab=r.sample(range(V), r.randint(1, V)))
+    s2 = e2.new_session(len(m.ids) + 8)
+    e2.target_step(s2, m.ids)
+    rec["drafts_bitwise"] = drafts_chained_equal_stepwise(e2, s2, s2.cache.snapshot(), r.randint(1, 4))
+    ok = (rec["ref_vs_hf64"] <= REF_TOL and rec["eng_vs_ref"] <= ENG_TOL and rec["greedy_bitwise"]
+          and rec["drafts_bitwise"])
     for mode in ("exact", "exact-bf16"):
         p = subprocess.run([sys.executable, "-m", "harness.cli", "run-matrix", "--spec", spec, "--mode", mode,
                             "--no-plots", "--quiet", "--out", os.path.join(root, f"{name}_{mode}.json")],
@@ -204,6 +214,17 @@ def sim_case(r, seed) -> dict:
     step("greedy n4", 1, lambda e, s: (e.decode_greedy(s, int(ids[0]), 4, keep_logits=True)[1],))
     h = np.random.default_rng(seed).standard_normal((1, cfg.hidden_size)).astype(np.float32)
     step("mtp row", 1, lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0, logits_rows=1))
+    # chained MTP drafts among a random draft vocabulary (a first pass of two rows, K = 3)
+    vocab = r.sample(range(cfg.vocab_size), r.randint(1, cfg.vocab_size))
+    ec.set_draft_vocab(vocab)
+    eg.set_draft_vocab(vocab)
+    h2 = np.random.default_rng(seed + 1).standard_normal((2, cfg.hidden_size)).astype(np.float32)
+
+    def drafts(e, s):
+        s.cache.mtp_len = s.cache.pos - 1
+        return (np.array(e.mtp_draft(s, [int(ids[2]), int(ids[3])], h2 if e is ec else e.B.upload(h2), 3)),)
+
+    step("drafts K3 (draft vocabulary)", 2, drafts)
     rec["steps"] = steps
     rec["ok"] = all(x["logits_bitwise"] in (None, True) and x["digest_equal"] for x in steps)
     return rec

@@ -8,6 +8,7 @@ token per ``decode_step``. Speculation pays only when L > (draft + verify) / dec
 
     python tools/spec_cost.py                                  # stdlib-small on the CPU twin
     python tools/spec_cost.py --model harness/models/tiny --k 1,2,3,4 --backend cuda
+    python tools/spec_cost.py --draft-vocab 64                 # drafting among the ids 0..63
 
 The README's "Speculative decoding is slower here" table comes from this script.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from harness.engine.draft import read_draft_vocab  # noqa: E402
 from harness.engine.model import Engine  # noqa: E402
 from harness.engine.weights import load_checkpoint  # noqa: E402
 from harness.models import model_path  # noqa: E402
@@ -48,8 +50,12 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="1,2,3,4")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--draft-vocab", metavar="N|FILE", default=None,
+                    help="draft among the ids 0..N-1 or those in FILE (README: drafting among a draft vocabulary)")
     args = ap.parse_args(argv)
-    eng = Engine(load_checkpoint(args.model), args.backend)
+    ck = load_checkpoint(args.model)
+    dv = None if args.draft_vocab is None else read_draft_vocab(args.draft_vocab, ck.config.vocab_size)
+    eng = Engine(ck, args.backend, draft_vocab=dv)
     ks = [int(k) for k in args.k.split(",")]
     warm_up(eng, max(ks))
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, eng.cfg.vocab_size, args.prompt_len)]
@@ -68,7 +74,8 @@ def main(argv=None) -> int:
     threads = getattr(eng.B, "threads", None)
     print(f"model {os.path.basename(os.path.normpath(args.model))}, {args.backend}"
           + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else "")
-          + f", context {args.prompt_len}: decode step {decode_s * 1e3:.2f} ms")
+          + f", context {args.prompt_len}" + ("" if dv is None else f", drafts among {dv.size} ids")
+          + f": decode step {decode_s * 1e3:.2f} ms")
     print("  K   draft ms  verify ms  break-even L (round / decode)  max L (K + 1)")
     for k in ks:
         fill_tokens = [prep.boundary, prep.boundary]

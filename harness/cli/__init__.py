@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from ..errors import PrimewalkError
-from . import bisect, fairness, gpu, logits, matrix, oracle, walk
+from . import bisect, draftvocab, fairness, gpu, logits, matrix, oracle, walk
 from .common import stdout_gone
 
 EPILOG = """examples:
@@ -37,7 +37,7 @@ EPILOG = """examples:
   harness oracle --model ~/ckpt/Qwen3.5-35B-A3B   # a checkpoint against transformers
 """
 
-COMMAND_GROUPS = (matrix, walk, logits, gpu, fairness, bisect, oracle)  # each registers its subcommands, in this order
+COMMAND_GROUPS = (matrix, walk, draftvocab, logits, gpu, fairness, bisect, oracle)  # each registers its subcommands, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ def _form(args) -> str:
     """Which form the arguments ask for; a one-line error when they mix or miss some."""
     given = {n for n in ("spec", "cell", "prompt_len", "a", "b", *SCHEDULE_OPTIONS) if getattr(args, n) is not None}
     if args.list_ops:
-        extra = given | ({"fault"} if args.fault else set())
+        extra = given | ({"fault"} if args.fault else set()) | ({"draft_vocab"} if args.draft_vocab else set())
         if extra:
             raise PrimewalkError(f"--list-ops takes only --model (and --json), not {_flag(sorted(extra)[0])}")
         return "list-ops"
@@ -64,7 +64,7 @@ def cmd_bisect(args) -> int:
     backend_b = args.backend_b or args.backend
     if form == "cell":
         spec = load_spec(args.spec, model=args.model)
-        a, b, ck = bs.cell_sides(spec, args.cell, backend_a, backend_b)
+        a, b, ck = bs.cell_sides(spec, args.cell, backend_a, backend_b, args.draft_vocab)
         model = _model_block(ck, args.cell.split("/")[0])
     else:
         opts = {n: getattr(args, n) if getattr(args, n) is not None else d for n, d in SCHEDULE_OPTIONS.items()}
@@ -76,7 +76,8 @@ def cmd_bisect(args) -> int:
             raise PrimewalkError("--temperature and --seed must be >= 0")
         default = os.environ.get("PRIMEWALK_BACKEND") or "cpu"
         a, b, ck = bs.schedule_sides(args.model, args.prompt_len, args.a, args.b, backend_a or default,
-                                     backend_b or default, max_new=opts.pop("max_new_tokens"), **opts)
+                                     backend_b or default, max_new=opts.pop("max_new_tokens"),
+                                     draft_vocab=args.draft_vocab, **opts)
         model = _model_block(ck, None if args.model else "tiny")
     res = bs.bisect(a, b, fault=args.fault, model=model)
     if args.out:
@@ -125,6 +126,8 @@ def register(sub) -> None:
     p.add_argument("--backend-b", choices=BACKENDS, default=None, help="backend of run b")
     p.add_argument("--fault", metavar="LAYER:OP:ROW", default=None,
                    help="flip the lowest bit of that op's output at that row (column 0) in run b")
+    p.add_argument("--draft-vocab", metavar="N|FILE", default=None,
+                   help="both runs draft among a draft vocabulary (as run-matrix --draft-vocab ran the cell)")
     p.add_argument("--list-ops", action="store_true", help="print the LAYER:OP names, in execution order")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", metavar="PATH", default=None, help="also write the JSON result to PATH")

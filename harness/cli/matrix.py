@@ -116,6 +116,8 @@ def cmd_run_matrix(args) -> int:
     if executor is not None and args.weights not in (None, "auto"):
         raise PrimewalkError("--weights applies to one process for now: drop --workers / --gpus / --executor "
                              "(the workers load each model with --weights auto)")
+    if executor is not None and args.draft_vocab is not None:
+        raise PrimewalkError("--draft-vocab applies to one process for now: drop --workers / --gpus / --executor")
     if args.list:
         print(cell_listing(spec))
         return 0
@@ -130,7 +132,8 @@ def cmd_run_matrix(args) -> int:
     warmup = not args.no_warmup
     if executor is None:
         receipt = runner.run_matrix(spec, shard, progress=Progress(args.quiet), warmup=warmup,
-                                     bisect_failures=args.bisect_failures, weights=args.weights)
+                                     bisect_failures=args.bisect_failures, weights=args.weights,
+                                     draft_vocab=args.draft_vocab)
     else:
         from ..matrix.pool import run_parallel
 
@@ -193,6 +196,11 @@ def _register_run_matrix(subparsers) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="compute backend (default: the spec's, else $PRIMEWALK_BACKEND or cpu)")
     weights_arg(p)
+    p.add_argument("--draft-vocab", metavar="N|FILE", default=None,
+                   help="the cells draft among the ids 0..N-1, or the ids in FILE (README: drafting among a "
+                        "draft vocabulary): greedy cells keep every digest, only acceptance moves; sampled "
+                        "cells' draws change with the drafts (recorded in env.draft_vocab; compare with "
+                        "harness diff --digests-only)")
     mode_arg(p, "the spec's")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="receipt path (default: out/<spec stem>.json; a .csv and figures go beside it)")

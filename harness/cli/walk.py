@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from ..engine.draft import read_draft_vocab
 from ..engine.model import Engine
 from ..errors import PrimewalkError
 from ..walk.check import check_mtp_prime_walker
@@ -23,7 +24,11 @@ def _engine(args, need_mtp: bool = True):
     if need_mtp:
         ck.require_mtp(f"harness {args.command}" + (" (speculative; --plain decodes without drafts)"
                                                     if args.command == "generate" else ""))
-    return Engine(ck, args.backend, weights=args.weights, mode=args.mode)
+    dv = getattr(args, "draft_vocab", None)
+    if dv is not None and getattr(args, "plain", False):
+        raise PrimewalkError("--draft-vocab is for speculative decoding; --plain drafts nothing")
+    vocab = None if dv is None else read_draft_vocab(dv, ck.config.vocab_size)
+    return Engine(ck, args.backend, weights=args.weights, mode=args.mode, draft_vocab=vocab)
 
 
 def cmd_check(args) -> int:
@@ -70,7 +75,8 @@ def cmd_generate(args) -> int:
         print(f"[generate] plain {s.label}: {len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, "
               f"prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms {tail}", file=sys.stderr)
     else:
-        print(f"[generate] K={args.k} {s.label}: {len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, "
+        dv = "" if eng.draft_ids is None else f" draft vocabulary {len(eng.draft_ids)} ids"
+        print(f"[generate] K={args.k}{dv} {s.label}: {len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, "
               f"mean acceptance length {m['mean_acceptance_length']:.2f}, per-position "
               f"[{', '.join(f'{x:.2f}' for x in m['per_position'])}], drafts {m['drafts']}, "
               f"accepted {m['accepted']}, prime {len(ids)} tokens in {run.wall_s * 1e3:.1f} ms {tail}",
@@ -106,7 +112,8 @@ def register(sub) -> None:
                                    "when it has none); throughput and acceptance go to stderr. Kernels are "
                                    "compiled by a warm-up before the clock starts.",
                        epilog="examples:\n  harness generate --model stdlib-small --text 'def main(' --max-new-tokens 64 --k 3\n"
-                              "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1",
+                              "  harness generate --ids 1,2,3 --max-new-tokens 16 --k 2 --temperature 0.7 --seed 1\n"
+                              "  harness generate --model stdlib-small --text 'import os' --k 3 --draft-vocab 128",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arg(p)
     prompt_args(p)
@@ -115,6 +122,10 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (counter RNG)")
     p.add_argument("--plain", action="store_true", help="plain decoding (no drafts), for comparison")
+    p.add_argument("--draft-vocab", metavar="N|FILE", default=None,
+                   help="draft among the ids 0..N-1, or among the ids in FILE (a JSON list, or ids separated "
+                        "by spaces, commas or newlines): the lm head's other rows are not read for drafts; "
+                        "greedy output is unchanged, only acceptance moves")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the warm-up (the first timings then include compilation)")
     backend_arg(p)

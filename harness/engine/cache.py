@@ -42,6 +42,9 @@ class Cache:
         # captured steps' mapped logits buffers (Engine._logits_slot): key -> [MappedTarget, ...];
         # each is written by its own capture of the step, so they live as long as the graphs
         self.logit_rings: dict = {}
+        # the engine's draft generation (Engine.set_draft_vocab) this cache's draft captures
+        # were last checked against (Engine._drop_old_drafts)
+        self.draft_gen = 0
 
     def planes(self):
         """(name, backend array view) in the fixed digest order."""

@@ -30,6 +30,7 @@ from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
+from .draft import draft_ids
 from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
 from .modes import check_mode, mode_ops, weight_upload
@@ -61,7 +62,8 @@ class Engine:
     - ``target_step(sess, ids, capture)``: K+1 verify rows with logits for every row and, with
       ``capture``, per-row DeltaNet state so :meth:`rollback` can keep an accepted prefix.
     - ``mtp_fill(sess, tokens, hiddens)`` / ``mtp_draft(sess, tokens, hiddens, chain)``: the MTP
-      head (``mtp_rows`` is the pass both run).
+      head (``mtp_rows`` is the pass both run; ``mtp_draft`` chains its passes on the device,
+      drafting among a draft vocabulary once ``set_draft_vocab`` set one).
 
     Arrays at the API, one convention for every entry point:
 
@@ -81,7 +83,7 @@ class Engine:
 
     def __init__(self, ckpt: Checkpoint, backend: str | None = None, check_finite: bool = True,
                  graphs: bool | None = None, chunk_rows: int = PRIME_CHUNK_ROWS, weights: str | None = None,
-                 mode: str | None = None):
+                 mode: str | None = None, draft_vocab=None):
         self.ckpt, self.cfg = ckpt, ckpt.config
         self.chunk_rows = int(chunk_rows)  # the most rows one prime launch runs
         self.mode = check_mode(mode)  # exact | exact-bf16 (.modes): the arithmetic
@@ -106,12 +108,18 @@ class Engine:
         self._flag_buf, self._flags_read = None, True
         self._no_flags = self.B.zeros((1,), np.int32)  # the flags of a launch that raises none
         w = prepare_weights(self.cfg, ckpt.tensors, self.B.upload, self.has_mtp, lin, emb)
+        self._lin = lin or self.B.upload  # how a matrix a GEMM reads goes to the backend
+        self._emb = emb or self._lin  # and the embedding (prepare_weights' rule)
         self.embed, self.lm_head, self.final_norm, self.layers, self.mtp = (
             w.embed, w.lm_head, w.final_norm, w.layers, w.mtp)
         self._flag_names = [L["name"] for L in self.layers] + ["lm_head"]  # one per NaN/Inf flag slot
         self.cap_conv_dummy = self.B.zeros((1, 1, 1))
         self.cap_rec_dummy = self.B.zeros((1, 1, 1, 1))
         self._trace = None  # the recording Trace of the step running now (see .trace)
+        self.draft_ids = self.draft_head = None  # the draft vocabulary (.draft), none by default
+        self._draft_gen = 0  # bumped by each set_draft_vocab: the draft passes' capture keys carry it
+        if draft_vocab is not None:
+            self.set_draft_vocab(draft_vocab)
 
     def host(self, rows) -> np.ndarray:
         """A host numpy copy of backend rows: hidden rows an entry point returned, or a plane."""
@@ -386,7 +394,7 @@ class Engine:
                               lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags, *keep,
                                        *self._ws.values()])
 
-    def _logits_slot(self, c, key, n):
+    def _logits_slot(self, c, key, n, width=None):
         """(the key a step runs under, where its lm head stores the logits): for a step that is
         captured (``key`` not None, graphs on, no trace), the first free buffer of the cache's
         ring for ``key`` -- pinned host memory mapped into the device
@@ -401,7 +409,7 @@ class Engine:
         H200 (tools/decode_profile.py, 2026-12-05) a captured five-row step with the ring took
         2.31 ms of device time against 1.05 without it, so exact-bf16 downloads its logits (and
         before the fused check, a second kernel reading mapped logits back took 2.08 ms a step,
-        the bench at cba8c86)."""
+        the bench at cba8c86). ``width``: the logits' columns (default the vocabulary)."""
         if self._captured(key) is None or self.mode != "exact" or not self._fused():
             return key, None
         ring = c.logit_rings.setdefault(key, [])
@@ -409,7 +417,7 @@ class Engine:
             if self.B.mapped_free(t):
                 return key + ("logits", i), t
         if len(ring) < LOGIT_RING:
-            t = self.B.mapped_target((n, self.cfg.vocab_size))
+            t = self.B.mapped_target((n, width or self.cfg.vocab_size))
             if t is not None:
                 ring.append(t)
                 return key + ("logits", len(ring) - 1), t
@@ -509,20 +517,23 @@ class Engine:
                 self._add_norm(x, mix, self.final_norm, hf, R, flags, li, "norm", "hf")
         return self._lm_head(hf, R, n, flags, len(self.layers), dst), hf[:R], hf[R - 1:R]
 
-    def _lm_head(self, hf, R, n, flags, slot, dst):
+    def _lm_head(self, hf, R, n, flags, slot, dst, head=None):
         """The lm head of the last ``n`` of the step's ``R`` normed rows ``hf``: the logits [n, V]
         (a view of the workspace, or of ``dst``'s mapped buffer: :meth:`_logits_slot`), checked
         for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- by the op that computes them
         where :meth:`_fused` (``linear_flag``: the GEMV as it stores them), by a second pass
-        otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16."""
+        otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16.
+        ``head``: (weight, width, workspace name) of another head than the lm head (the draft
+        vocabulary's rows), with its own workspace: a capture holds its buffers' addresses."""
         ops = self.ops
-        logits = self.ws("logits", n, self.cfg.vocab_size) if dst is None else dst.dev
+        weight, width, name = head or (self.lm_head, self.cfg.vocab_size, "logits")
+        logits = self.ws(name, n, width) if dst is None else dst.dev
         hx = self.xp("hf", R, self.cfg.hidden_size)
         hx = None if hx is None else hx[R - n:]
         if flags is not None and self._fused():
-            self._with_xp(ops.linear_flag, hx, hf[R - n:], self.lm_head, logits, n, flags, slot)
+            self._with_xp(ops.linear_flag, hx, hf[R - n:], weight, logits, n, flags, slot)
         else:
-            self._linear(hf[R - n:], self.lm_head, logits, n, hx)
+            self._linear(hf[R - n:], weight, logits, n, hx)
             if flags is not None:
                 ops.nonfinite_flag(logits, n, flags, slot)
         self._tap("logits", logits, lo=R - n)  # the last n rows (the flag check writes none)
@@ -574,8 +585,12 @@ class Engine:
         overlaps the device's. Each step has its own flags, pick and pinned logits buffer, one
         of two that alternate; on a GPU each is captured once per cache (``("greedy", slot)``)
         and replayed. A NaN/Inf raises :class:`NumericError` as :meth:`decode_step` does, once
-        the step issued after it is done too (the session is unusable then either way). A
-        recording trace (bisect) runs the :meth:`decode_step` calls themselves."""
+        the step issued after it is done too (the session is unusable then either way). A call
+        stopped part-way by anything else (an interrupt, a failed launch) waits for the steps
+        it issued, sets the cache's position to them and leaves the session refusing
+        (:class:`InputError`, ``decode_greedy stopped after k of n steps``) until a snapshot is
+        restored: those steps' picks reached no caller. A recording trace (bisect) runs the
+        :meth:`decode_step` calls themselves."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise InputError(f"decode_greedy: n must be a positive integer, got {n!r}")
         n = int(n)
@@ -634,7 +649,10 @@ class Engine:
         except NumericError:
             raise
         except BaseException as e:  # an interrupt, a failed launch: steps ran that no caller saw
-            B.synchronize()
+            try:
+                B.synchronize()  # the steps issued end before the position says they ran
+            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
+                pass
             c.pos = start + issued
             c.poisoned = f"decode_greedy stopped after {issued} of {n} steps ({type(e).__name__})"
             raise
@@ -697,13 +715,32 @@ class Engine:
             raise PrimewalkError(f"{self.ckpt.path or 'model'} has no MTP head (no mtp.* tensors); "
                                  f"{what} needs one")
 
-    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False):
+    def set_draft_vocab(self, vocab) -> None:
+        """Draft among ``vocab`` only (:mod:`.draft`: a count N for the ids 0..N-1, or token
+        ids; None: the whole vocabulary again). The lm head's rows at those ids are copied once
+        (resident as the lm head is); :meth:`mtp_draft` then runs its passes through that copy
+        and returns ids of the vocabulary. The draft logits are the full head's at those ids,
+        bit for bit."""
+        self._draft_gen += 1  # the draft passes' captures read the head they were captured with
+        if vocab is None:
+            self.draft_ids = self.draft_head = None
+            return
+        self.require_mtp("a draft vocabulary")
+        ids = draft_ids(vocab, self.cfg.vocab_size)
+        t = self.ckpt.tensors
+        src = t["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
+        self.draft_head = self._lin(np.ascontiguousarray(np.asarray(src)[ids], dtype=F32))
+        self.draft_ids = ids
+
+    def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False, draft=False):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
         hidden state of the position before; [R, H], host or backend). Writes the MTP K/V there. Returns (logits host
         [n, V] of the last ``logits_rows`` rows (all when None), out hidden [R, H] backend, or only its last row
-        [1, H] with ``last_hidden``)."""
+        [1, H] with ``last_hidden``). ``draft`` with a draft vocabulary (:meth:`set_draft_vocab`):
+        the logits are [n, N], the draft vocabulary's columns only."""
         self.require_mtp()
         cfg, ops, M, c = self.cfg, self.ops, self.mtp, sess.cache
+        sub = draft and self.draft_ids is not None
         ids = self.check_ids(tokens, "MTP tokens")
         R, H = len(ids), cfg.hidden_size
         if start + R > c.max_ctx:
@@ -711,34 +748,49 @@ class Engine:
         n = R if logits_rows is None else min(logits_rows, R)
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
-        key = graph_key("mtp", R, n)
+        key = graph_key("mtp", R, "draft", self._draft_gen, n) if sub else graph_key("mtp", R, n)
+        head = self._draft_head() if sub else None
+        if sub:
+            self._drop_old_drafts(c)
 
         def body(inp, at, pos):
-            e = self.ws("mtp_e", R, H)
-            ops.embed(inp["ids"], self.embed, e)
-            self._tap("embed", e)
-            cat = self.ws("mtp_cat", R, 2 * H)
-            cx = self.xp("mtp_cat", R, 2 * H)  # each half packs its own pairs (H % 4 == 0 where there is one)
-            ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R, cx)
-            self._tap("norm_e", cat, c1=H)
-            ops.rmsnorm(inp["hin"], M["norm_h"], cfg.rms_norm_eps, cat, H, R, cx)
-            self._tap("norm_h", cat, c0=H)
-            x = self.ws("x", R, H)
-            self._linear(cat, M["fc"], x, R, cx)
-            self._tap("fc", x)
-            h = self._norm_in(x, M["layer"], R)
-            mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
             hf = self.ws("hf", R, H)
-            self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
-            return self._lm_head(hf, R, n, None, -1, dst), hf[:R], hf[R - 1:R]  # views, taken once per capture
+            self._mtp_pass(inp["ids"], self.embed, inp["hin"], R, at, pos, c, flags, hf)
+            return self._lm_head(hf, R, n, None, -1, dst, head), hf[:R], hf[R - 1:R]  # views, taken once per capture
 
         with self._tracing(sess, "mtp", start, R):
-            key, dst = self._logits_slot(c, key, n)
+            key, dst = self._logits_slot(c, key, n, head[1] if sub else None)
             logits, hf, last_row = self._step(c, key, body, {"ids": ids, "hin": hin}, start)
         hidden = self.B.clone(last_row if last_hidden else hf, step=True)  # queued behind the step, before the download waits
         out = self._logits_host(logits, dst)
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
         return out, hidden
+
+    def _mtp_pass(self, ids, table, hin, R, at, pos, c, flags, hf):
+        """The launches of one MTP pass over ``R`` rows up to its final norm: the rows of
+        ``table`` at ``ids`` (the embedding, or the draft vocabulary's rows of it) paired with
+        ``hin``, the head's layer at position ``at`` (``pos`` on the device when not None),
+        the normed output rows into ``hf``."""
+        cfg, ops, M, H = self.cfg, self.ops, self.mtp, self.cfg.hidden_size
+        e = self.ws("mtp_e", R, H)
+        ops.embed(ids, table, e)
+        self._tap("embed", e)
+        cat = self.ws("mtp_cat", R, 2 * H)
+        cx = self.xp("mtp_cat", R, 2 * H)  # each half packs its own pairs (H % 4 == 0 where there is one)
+        ops.rmsnorm(e, M["norm_e"], cfg.rms_norm_eps, cat, 0, R, cx)
+        self._tap("norm_e", cat, c1=H)
+        ops.rmsnorm(hin, M["norm_h"], cfg.rms_norm_eps, cat, H, R, cx)
+        self._tap("norm_h", cat, c0=H)
+        x = self.ws("x", R, H)
+        self._linear(cat, M["fc"], x, R, cx)
+        self._tap("fc", x)
+        h = self._norm_in(x, M["layer"], R)
+        mix = self._block(M["layer"], -1, x, h, R, at, c.mtp_k, c.mtp_v, c, False, None, pos)
+        self._add_norm(x, mix, M["norm"], hf, R, flags, 0, "norm", "hf")
+
+    def _draft_head(self):
+        """(weight, width, logits workspace) of the draft vocabulary's lm-head rows."""
+        return self.draft_head, len(self.draft_ids), "logits.draft"
 
     def mtp_fill(self, sess, tokens, hiddens):
         """Fill the head's K/V over committed rows at positions mtp_len..; row r pairs tokens[r]
@@ -753,20 +805,117 @@ class Engine:
     def mtp_draft(self, sess, tokens, hiddens, chain):
         """One pass over the committed rows (filling the head's K/V; the last row must be the
         pending token at the trunk's position), then ``chain`` greedy drafts, each fed by the
-        head's own output hidden. Returns the drafts."""
+        head's own output hidden. Returns the drafts: ids of the vocabulary, picked among the
+        draft vocabulary's where one is set (:meth:`set_draft_vocab`; the lowest id on a tie).
+
+        The passes are chained on the device: each one's last kernels pick its draft
+        (``greedy_pick``, ``numpy.argmax`` of its logits row) and write it, and the next position,
+        where the next pass reads its token, so the host issues every pass before it waits
+        once, for the picks; no logits reach the host. A pass after the first embeds its
+        token from the draft vocabulary's rows of the embedding, the pick being an index into
+        them. Bitwise the passes :meth:`mtp_rows` runs one at a time with the host's argmax
+        between them (:meth:`_draft_stepwise`, which a recording trace runs)."""
         c = sess.cache
         n = len(tokens)
         if c.mtp_len + n != c.pos + 1:
             raise PrimewalkError(f"MTP cache out of step: {c.mtp_len} + {n} rows vs trunk position {c.pos}")
         if c.pos + chain > c.max_ctx:
             raise InputError(f"MTP drafts up to position {c.pos + chain} exceed the context limit {c.max_ctx}")
+        if getattr(sess, "trace", None) is not None or chain < 1:
+            return self._draft_stepwise(sess, tokens, hiddens, chain)
+        self.require_mtp()
+        cfg, B = self.cfg, self.B
+        ids = self.check_ids(tokens, "MTP tokens")
         start = c.mtp_len
-        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True)
+        if start + n > c.max_ctx:
+            raise InputError(f"MTP rows up to position {start + n - 1} exceed the cache capacity {c.max_ctx}")
+        ch = self._draft_chain(chain, n)
+        self._drop_old_drafts(c)
+        io, picked, dh = ch["io"], ch["picked"], ch["h"]
+        sub = self.draft_ids is not None
+        head = self._draft_head() if sub else (self.lm_head, cfg.vocab_size, "logits")
+        table = ch["embed"] if sub else self.embed  # a pass after the first embeds its pick
+        flags = self._flags()
+        hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
+        keep = [io, picked, dh, head[0], table]
+        gen = self._draft_gen
+        B.copy_into(io, np.array([start + n - 1, 0], np.int32))  # the first pick moves it to start + n
+
+        def first(inp, at, pos):
+            self._mtp_pass(inp["ids"], self.embed, inp["hin"], n, at, pos, c, flags, dh[:n])
+            self.ops.greedy_pick(self._lm_head(dh, n, 1, None, -1, None, head), io, picked, 0)
+
+        try:
+            self._step(c, graph_key("draft", n, "draft", gen), first, {"ids": ids, "hin": hin}, start, keep)
+            for i in range(1, chain):
+                r = n if i == 1 else 1  # the previous pass's rows: its last row feeds this one
+
+                def body(at, pos, i=i, r=r):
+                    self._mtp_pass(io[1:2], table, dh[r - 1:r], 1, at, pos, c, flags, dh[:1])
+                    self.ops.greedy_pick(self._lm_head(dh, 1, 1, None, -1, None, head), io, picked, i)
+
+                self.steps.run_chained(c, self._captured(graph_key("draft+", r, "draft", gen, i)), body, start + n + i - 1,
+                                       io[0:1], lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags,
+                                                         *keep, *self._ws.values()])
+            B.synchronize()
+        except BaseException:  # a stopped or failed launch: let what was issued end before the next call
+            try:
+                B.synchronize()
+            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
+                pass
+            raise
         c.mtp_len = start + n
+        self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
+        got = ch["picked_host"][:chain].tolist()
+        return got if not sub else [int(self.draft_ids[d]) for d in got]
+
+    def _draft_stepwise(self, sess, tokens, hiddens, chain):
+        """:meth:`mtp_draft` as :meth:`mtp_rows` passes, the host's argmax between them."""
+        c = sess.cache
+        n = len(tokens)
+        start = c.mtp_len
+        logits, out = self.mtp_rows(sess, tokens, hiddens, start, logits_rows=1, last_hidden=True, draft=True)
+        c.mtp_len = start + n
+        ids = self.draft_ids
         drafts = []
         for i in range(chain):
             d = int(np.argmax(logits[-1]))
+            d = d if ids is None else int(ids[d])
             drafts.append(d)
             if i + 1 < chain:
-                logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True)
+                logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True,
+                                            draft=True)
         return drafts
+
+    def _drop_old_drafts(self, c):
+        """Drop cache ``c``'s captures of draft passes made under an older draft generation (a
+        draft vocabulary set since, or the chain's buffers grown): their keys carry it, after
+        ``"draft"`` (``(what, rows, "draft", generation, ...)``), and what they hold (an old
+        draft head, buffers) is freed. Runs between calls, when none of them is in flight."""
+        if c.draft_gen == self._draft_gen:
+            return
+        for keys in (c.graphs, c.logit_rings, c.graph_seen):
+            for k in [k for k in keys if len(k) > 3 and k[2] == "draft" and k[3] != self._draft_gen]:
+                keys.remove(k) if isinstance(keys, set) else keys.pop(k)
+        c.draft_gen = self._draft_gen
+
+    def _draft_chain(self, chain, rows):
+        """:meth:`mtp_draft`'s buffers, owned by the engine (a capture holds their addresses, so
+        they outlive the workspace's growth): int32 [position, token] on the device (``io``),
+        the picks (mapped host memory the kernels write), the passes' normed rows ``h`` (a pass
+        reads its predecessor's last row there) and the draft vocabulary's embedding rows. Grown
+        for a longer chain or a wider first pass, which bumps the draft passes' capture keys."""
+        B, H = self.B, self.cfg.hidden_size
+        ch = self.__dict__.get("_draft_bufs")
+        if ch is None or ch["picked"].shape[0] < chain or ch["h"].shape[0] < rows:
+            cap = max(chain, 8, 0 if ch is None else ch["picked"].shape[0])
+            hr = max(rows, 8, 0 if ch is None else ch["h"].shape[0])
+            picked = B.mapped_zeros((cap,), np.int32)
+            ch = self._draft_bufs = dict(io=B.zeros((2,), np.int32), picked=picked, picked_host=host_view(picked),
+                                         h=B.empty((hr, H)), embed=None, embed_gen=None)
+            self._draft_gen += 1
+        if self.draft_ids is not None and ch["embed_gen"] != self._draft_gen:
+            t = np.asarray(self.ckpt.tensors["model.embed_tokens.weight"])
+            ch["embed"] = self._emb(np.ascontiguousarray(t[self.draft_ids], dtype=F32))
+            ch["embed_gen"] = self._draft_gen
+        return ch

@@ -63,6 +63,12 @@ SPEC_KS = (1, 2, 3, 4)
 # last SPEC_STEP_REPS counts (7 until 6356ab9: a step's run-to-run spread on the H200, ~0.1 ms,
 # was as large as the differences between K; receipts/probes/README.md)
 SPEC_STEP_WARMUP, SPEC_STEP_REPS = 2, 15
+# the draft step is also timed drafting among the first BENCH_DRAFT_VOCAB ids (harness.engine.draft:
+# the size EAGLE-3 and FR-Spec use for 128k-152k vocabularies), the lm head's other rows unread
+BENCH_DRAFT_VOCAB = 32768
+# ... and, for K = 3 only, at these smaller sizes (draft_vocab.draft_step_ms_by_size): the step's
+# cost against N, its MTP layer's share fixed
+BENCH_DRAFT_VOCAB_CURVE = (16384, 8192)
 # where the run happens: the torch device and the engine backend (tests run the whole bench on
 # the CPU with a tiny model by setting both to "cpu")
 DEVICE, BACKEND = "cuda", "cuda"
@@ -382,10 +388,13 @@ def decode_figures(eng, make_session, reps=1):
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
-def spec_run(eng, prompt, k, new_tokens=64):
+def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=()):
     """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
     second run (compilation and graph capture excluded), and the cost of one draft step (K
-    chained MTP passes) and of one K+1-row verify step, timed in isolation."""
+    chained MTP passes) and of one K+1-row verify step, timed in isolation; with
+    ``draft_vocab`` N (smaller than the vocabulary) the draft step again, drafting among the
+    ids 0..N-1 (``draft_vocab`` in the result), and at each size of ``draft_vocab_curve``
+    (``draft_step_ms_by_size``)."""
     from ..walk.mtp_walker import run_prime
     from ..walk.scheduler import reset_session, zero_snapshot
     from ..walk.speculative import continue_plain, continue_spec
@@ -402,13 +411,56 @@ def spec_run(eng, prompt, k, new_tokens=64):
 
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
     plain, _ = steady(lambda s: continue_plain(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens))
-    d_s, v_s = [], []
-    # one snapshot, restored after every pair: a snapshot taken each pass (until f19fbe9) cloned
-    # every cache plane and the last hidden row (19 device allocations on bench-8l), and numba
-    # frees device arrays in batches once more than ten are pending, so the bench's own garbage
-    # was freed inside whichever timed step a batch fell in
     snap = sess.cache.snapshot()
-    for _ in range(SPEC_STEP_WARMUP + SPEC_STEP_REPS):  # the first passes may compile or capture a step
+    d_s, v_s = _time_draft_verify(eng, sess, snap, k, verify=True)
+    out = {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
+           "same_tokens": spec.tokens == plain.tokens,
+           "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
+           "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
+           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
+    if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
+        eng.set_draft_vocab(draft_vocab)
+        try:
+            dv, _ = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
+            out["draft_vocab"] = {"size": draft_vocab, "spec_tokens_per_s": dv.tokens_per_s,
+                                  "same_tokens": dv.tokens == plain.tokens,
+                                  "mean_acceptance_length": float(dv.metrics["mean_acceptance_length"]),
+                                  "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3,
+                                  "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
+            by = {}
+            for n in draft_vocab_curve:
+                eng.set_draft_vocab(n)
+                by[str(n)] = _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3
+            if by:
+                out["draft_vocab"]["draft_step_ms_by_size"] = by
+        finally:
+            eng.set_draft_vocab(None)
+    return out
+
+
+def drafts_chained_equal_stepwise(eng, sess, snap, k):
+    """Whether ``Engine.mtp_draft`` (chained passes, the picks on the device) drafts what its
+    passes run one at a time with the host's argmax draft (``_draft_stepwise``), leaving the same
+    cache digest; ``sess`` restored to ``snap`` before each and after."""
+    out = []
+    for run in (eng.mtp_draft, eng._draft_stepwise):
+        sess.cache.restore(snap)
+        sess.cache.mtp_len = sess.cache.pos - 1
+        out.append((run(sess, [1, 2], np.zeros((2, eng.cfg.hidden_size), np.float32), k), sess.cache.digest()))
+    sess.cache.restore(snap)
+    return out[0] == out[1]
+
+
+def _time_draft_verify(eng, sess, snap, k, verify=False):
+    """The seconds of SPEC_STEP_REPS draft steps (``mtp_draft`` of K drafts) and, with
+    ``verify``, of the K+1-row verify step after each, the first SPEC_STEP_WARMUP passes (which
+    may compile or capture a step) left out; the cache restored to ``snap`` after every pass.
+    One snapshot for all: a snapshot taken each pass (until f19fbe9) cloned every cache plane
+    and the last hidden row (19 device allocations on bench-8l), and numba frees device arrays
+    in batches once more than ten are pending, so the bench's own garbage was freed inside
+    whichever timed step a batch fell in."""
+    d_s, v_s = [], []
+    for _ in range(SPEC_STEP_WARMUP + SPEC_STEP_REPS):
         c = sess.cache
         hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
         c.mtp_len = c.pos - 1
@@ -417,16 +469,13 @@ def spec_run(eng, prompt, k, new_tokens=64):
         drafts = eng.mtp_draft(sess, [1, 2], hid, k)
         eng.B.synchronize()
         d_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        eng.target_step(sess, [1] + drafts, capture=True)
-        eng.B.synchronize()
-        v_s.append(time.perf_counter() - t0)
+        if verify:
+            t0 = time.perf_counter()
+            eng.target_step(sess, [1] + drafts, capture=True)
+            eng.B.synchronize()
+            v_s.append(time.perf_counter() - t0)
         sess.cache.restore(snap)
-    return {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
-            "same_tokens": spec.tokens == plain.tokens,
-            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
-            "draft_step_ms": _median(d_s[SPEC_STEP_WARMUP:]) * 1e3,
-            "verify_step_ms": _median(v_s[SPEC_STEP_WARMUP:]) * 1e3}
+    return d_s[SPEC_STEP_WARMUP:], v_s[SPEC_STEP_WARMUP:]
 
 
 def bf16_engine(ck):
@@ -534,7 +583,9 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
     res["spec"] = {}
     if "spec" not in skip:
         for k in SPEC_KS:
-            res["spec"][f"k{k}"] = guarded(lambda: spec_run(eng, ids512, k), errors, f"spec k{k}")
+            res["spec"][f"k{k}"] = guarded(lambda: spec_run(
+                eng, ids512, k, draft_vocab=BENCH_DRAFT_VOCAB, draft_vocab_curve=BENCH_DRAFT_VOCAB_CURVE if k == 3 else ()),
+                errors, f"spec k{k}")
         res["spec"] = {k: v for k, v in res["spec"].items() if isinstance(v, dict)}
     if "walker" not in skip and fits(30):
         def walker():
@@ -730,7 +781,9 @@ def table(r) -> str:
         for k, s in spec.items():
             out.append(f"spec {label} {k}: {s['spec_tokens_per_s']:.1f} tok/s (plain {s['plain_tokens_per_s']:.1f}), "
                        f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms, "
-                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}")
+                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}"
+                       + (f"; among {s['draft_vocab']['size']} ids: draft step {s['draft_vocab']['draft_step_ms']:.2f} ms"
+                          if isinstance(s.get("draft_vocab"), dict) else ""))
     sg = r.get("sgemm") or {}
     out.append(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; decode floor {r['decode_floor_ms']:.3f} "
                f"ms/token; sgemm {max((x['tflops'] for x in sg.values()), default=float('nan')):.1f} TFLOP/s")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.draft import read_draft_vocab
 from ..engine.model import Engine
 from ..engine.trace import PASSES, StopTrace, Trace, first_divergence, op_list, parse_fault, place_name
 from ..engine.weights import load_checkpoint
@@ -77,15 +78,18 @@ class Side:
                 "cell": None if self.cell is None else self.cell.id}
 
 
-def engines_for(ckpt, backends) -> dict:
+def engines_for(ckpt, backends, draft_vocab=None) -> dict:
     """One engine per distinct backend (sides on one backend share it, and its workspace, as
-    the cells of a matrix do)."""
-    return {b: Engine(ckpt, b) for b in dict.fromkeys(backends)}
+    the cells of a matrix do), each drafting among ``draft_vocab`` (``--draft-vocab`` as given,
+    :mod:`harness.engine.draft`) when it is not None."""
+    dv = None if draft_vocab is None else read_draft_vocab(draft_vocab, ckpt.config.vocab_size)
+    return {b: Engine(ckpt, b, draft_vocab=dv) for b in dict.fromkeys(backends)}
 
 
-def cell_sides(spec: MatrixSpec, cell_id: str, backend_a=None, backend_b=None) -> tuple:
+def cell_sides(spec: MatrixSpec, cell_id: str, backend_a=None, backend_b=None, draft_vocab=None) -> tuple:
     """Side a = the cell's oracle (for the oracle cell itself: the independent unyielded prime
-    it is judged against), side b = the cell; each on its backend (default the spec's)."""
+    it is judged against), side b = the cell; each on its backend (default the spec's), drafting
+    among ``draft_vocab`` when given (a receipt's ``env.draft_vocab`` run)."""
     cells, _ = expand(spec)
     by_id = {c.id: c for c in cells}
     cell = by_id.get(cell_id)
@@ -96,7 +100,7 @@ def cell_sides(spec: MatrixSpec, cell_id: str, backend_a=None, backend_b=None) -
     ckpt = load_checkpoint(spec.model_dirs[cell.model])
     ckpt.require_mtp("harness bisect")
     ba, bb = backend_a or spec.backend, backend_b or spec.backend
-    eng = engines_for(ckpt, (ba, bb))
+    eng = engines_for(ckpt, (ba, bb), draft_vocab)
     ids = _prompt_ids(cell.prompt, ckpt.config.vocab_size)
     a, _ = matrix_sides(eng[ba], cell, by_id[cell.oracle], ids, spec.max_new_tokens)
     _, b = matrix_sides(eng[bb], cell, by_id[cell.oracle], ids, spec.max_new_tokens)
@@ -163,14 +167,14 @@ def parse_schedule(text: str, chunk_rows: int) -> object:
 
 
 def schedule_sides(model, prompt_len, sched_a, sched_b, backend_a="cpu", backend_b="cpu", k=1, seed=0,
-                   max_new=8, chunk_rows=256, fill_chunk=64, temperature=0.0) -> tuple:
+                   max_new=8, chunk_rows=256, fill_chunk=64, temperature=0.0, draft_vocab=None) -> tuple:
     """Side a runs schedule ``sched_a``, side b ``sched_b`` (compact form, :func:`parse_schedule`)
     on a synthetic prompt of ``prompt_len`` tokens (seed ``seed``) of ``model`` (a folder, or None
     for the embedded tiny model), each then continuing ``max_new`` tokens with K drafts."""
     if prompt_len is None or prompt_len < 1:
         raise PrimewalkError(f"--prompt-len must be a positive integer, got {prompt_len}")
     sides = []
-    for name, text, backend in (("a", sched_a, backend_a), ("b", sched_b, backend_b)):
+    for name, text, backend in (("a", sched_a, backend_a), ("b", sched_b, backend_b)):  # draft_vocab: engines_for
         variant = parse_schedule(text, chunk_rows)
         data = {"models": {"m": model or EMBEDDED},
                 "prompts": [{"kind": "synthetic", "lengths": [int(prompt_len)], "seed": int(seed)}],
@@ -189,7 +193,7 @@ def schedule_sides(model, prompt_len, sched_a, sched_b, backend_a="cpu", backend
         sides.append((name, text, backend, cells[-1], spec))
     ckpt = load_checkpoint(sides[0][4].model_dirs["m"])
     ckpt.require_mtp("harness bisect")
-    eng = engines_for(ckpt, (backend_a, backend_b))
+    eng = engines_for(ckpt, (backend_a, backend_b), draft_vocab)
     ids = _prompt_ids(sides[0][3].prompt, ckpt.config.vocab_size)
     a, b = (Side(n, eng[be], ids, int(max_new), cell=c, label=t) for n, t, be, c, _ in sides)
     return a, b, ckpt

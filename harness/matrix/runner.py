@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine.digests import capture_digest, continuation_digest, logits_digest, prompt_digest
+from ..engine.draft import digest as draft_digest
+from ..engine.draft import read_draft_vocab
 from ..engine.model import Engine
 from ..engine.threads import machine_load
 from ..engine.tokenizer import describe as describe_tokenizer
@@ -182,14 +184,17 @@ class _Model:
     tokenizer: dict = field(default_factory=dict)  # what produced the text prompts' ids (receipt)
 
 
-def load_models(spec: MatrixSpec, weights: str | None = None) -> dict:
+def load_models(spec: MatrixSpec, weights: str | None = None, draft_vocab: str | None = None) -> dict:
     """One engine per model (every cell of a model shares it), prompts checked against its vocab.
-    ``weights``: the engines' resident weights (``Engine``'s ``weights``; None: auto)."""
+    ``weights``: the engines' resident weights (``Engine``'s ``weights``; None: auto);
+    ``draft_vocab``: ``--draft-vocab`` as given (a count or a file of ids), read against each
+    model's vocabulary (:mod:`harness.engine.draft`)."""
     out = {}
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        eng = Engine(ck, spec.backend, weights=weights, mode=spec.mode)
+        dv = None if draft_vocab is None else read_draft_vocab(draft_vocab, ck.config.vocab_size)
+        eng = Engine(ck, spec.backend, weights=weights, mode=spec.mode, draft_vocab=dv)
         tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
         m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size
@@ -260,7 +265,7 @@ def warm_models(spec: MatrixSpec, models: dict) -> float:
 
 def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = None,
                progress: SilentProgress | None = None, warmup: bool = True,
-               bisect_failures: bool = False, weights: str | None = None) -> dict:
+               bisect_failures: bool = False, weights: str | None = None, draft_vocab: str | None = None) -> dict:
     """Run the cells of ``spec`` in shard ``shard`` = (I, N) (cells i with i % N == I) and return
     the receipt (not written). Oracle cells outside the shard are run, not recorded. ``models``:
     :func:`load_models`' result, if already loaded; ``progress``: told what happens (see
@@ -269,14 +274,15 @@ def run_matrix(spec: MatrixSpec, shard: tuple = (0, 1), models: dict | None = No
     (``warmup_s`` records how long it took). :mod:`.pool` runs the same cells in worker
     processes or on Ray, with the same receipt. ``bisect_failures``: bisect every failed cell
     against its oracle (:mod:`harness.matrix.bisect`) into its entry's ``bisect`` field. ``weights``: the engines'
-    resident weights (auto, f32, bf16: the same bits, recorded in ``env.weights``)."""
+    resident weights (auto, f32, bf16: the same bits, recorded in ``env.weights``); ``draft_vocab``:
+    the engines draft among a draft vocabulary (recorded in ``env.draft_vocab``)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
     load_start = machine_load()
     cells, skipped = expand_all(spec)
     notes = [note_of(x) for x in skipped]
     progress.notes(notes)
-    models = models if models is not None else load_models(spec, weights)
+    models = models if models is not None else load_models(spec, weights, draft_vocab)
     progress.notes([f"model {n}: {note}" for n, m in models.items() for note in m.ckpt.notes])
     warm_s = warm_models(spec, models) if warmup else 0.0
     mine = in_shard(cells, shard)
@@ -350,6 +356,9 @@ def engine_env(spec: MatrixSpec, engine, load_start: dict | None = None) -> dict
                    driver=None if spec.backend == "cpu" else B.driver())
     env.update(threads=getattr(B, "threads", None), threads_why=getattr(B, "threads_why", None),
                weights=getattr(engine, "weights", "f32"))  # informational
+    ids = getattr(engine, "draft_ids", None)
+    if ids is not None:  # drafts among a draft vocabulary: every digest as without, acceptance aside
+        env["draft_vocab"] = {"size": int(ids.size), "ids_sha256": draft_digest(ids)}
     if load_start is not None:
         env.update(cores=load_start["cores"],
                    load={"start": load_start["loadavg"], "end": machine_load()["loadavg"]})
