@@ -294,6 +294,11 @@ def test_tools_time_drafts_among_a_draft_vocabulary(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["draft_vocab"], r["k"]) for r in rows] == [(V, 1), (V, 3), (64, 1), (64, 3), (16, 1), (16, 3)]
     assert [r.get("first_draft_is_full_argmax_over_ids") for r in rows if r["k"] == 3] == [None, True, True]
+    # the host's share: measured for every row, never more than the step it is part of
+    assert all(0 < r["issue_ms"] <= r["draft_step_ms"] for r in rows), rows
+    assert tool("probe_draft").main(["--out", str(out), "--sizes", "16", "--backend", "cpu", "--ncu-step", "3",
+                                     "--model", default_model_path()]) == 0
+    assert "profiled one 3-draft step among 16 ids" in capsys.readouterr().out
 
 
 def test_bisect_runs_both_sides_with_a_draft_vocab(capsys):

@@ -7,6 +7,17 @@ checks, once per N, that the drafts are the argmax of the full head's logits ove
 
     python tools/probe_draft.py --out receipts/probes/draft.json
     python tools/probe_draft.py --sizes 32768,16384 --ks 3 --backend cpu --model harness/models/tiny  # a dry run
+
+Each row also splits the step's wall time (``issue_ms``: from the call until the host has issued
+every pass and waits; the rest is the device finishing). ``--bench-dir DIR`` keeps bench-8l's
+files in DIR (built there once, loaded by later runs with the same random MTP head). Run under
+Nsight Compute for every kernel of one warm K-draft step among N ids:
+
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \\
+        python tools/probe_draft.py --out p.json --bench-dir /tmp/b8 --ncu-step 3 --sizes 32768 > kernels.csv
+
+(``--ncu-step K`` runs a few K-draft steps among the first of ``--sizes`` ids, brackets the next
+one with cudaProfilerStart/Stop and skips the timing rows.)
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="1,2,3,4", help="draft lengths K")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--model", default=None, help="a checkpoint folder (default: bench-8l, built with transformers)")
+    ap.add_argument("--bench-dir", default=None, help="bench-8l's files: built here when absent, else loaded")
+    ap.add_argument("--ncu-step", type=int, default=0, help="profile one K-draft step (see above)")
     a = ap.parse_args(argv)
     from harness.engine.model import Engine
     from harness.engine.weights import load_checkpoint
@@ -44,11 +57,16 @@ def main(argv=None) -> int:
     ks = [int(x) for x in a.ks.split(",") if x]
     if a.model:
         ck = load_checkpoint(a.model)
+    elif a.bench_dir and os.path.exists(os.path.join(a.bench_dir, "config.json")):
+        ck = bench.with_mtp_head(load_checkpoint(a.bench_dir), 1)  # bench_checkpoint's head (seed 0 + 1)
     else:
-        _, ck = bench.bench_checkpoint(tempfile.mkdtemp(prefix="bench8l-"))
+        _, ck = bench.bench_checkpoint(a.bench_dir or tempfile.mkdtemp(prefix="bench8l-"))
     eng = Engine(ck, a.backend, check_finite=True)
     V = eng.cfg.vocab_size
     ids = np.random.default_rng(0).integers(0, V, 512).tolist()
+    issued = _issue_marks(eng)
+    if a.ncu_step:
+        return _ncu_step(eng, ids, a.ncu_step, sizes[0] if sizes else None, a.backend == "cuda")
     clocks_before = sm_clocks()
     dec = bench.decode_ms(eng, bench._primed(eng, ids), chained=False)
     sess = bench._primed(eng, ids)
@@ -58,11 +76,15 @@ def main(argv=None) -> int:
         eng.set_draft_vocab(n)
         for k in ks:
             t0 = time.perf_counter()
+            issued.clear()
             d, _ = bench._time_draft_verify(eng, sess, snap, k)
+            iss = issued[bench.SPEC_STEP_WARMUP:]
             rows.append({"draft_vocab": n or V, "k": k, "draft_step_ms": bench._median(d) * 1e3,
+                         "issue_ms": bench._median(iss) * 1e3 if len(iss) == len(d) else None,
                          "over_decode": bench._median(d) * 1e3 / dec, "wall_s": time.perf_counter() - t0})
             print(f"N={n or V:7d} K={k} draft step {rows[-1]['draft_step_ms']:.3f} ms = "
-                  f"{rows[-1]['over_decode']:.3f} x decode", flush=True)
+                  f"{rows[-1]['over_decode']:.3f} x decode; issued after {rows[-1]['issue_ms'] or float('nan'):.3f} ms",
+                  flush=True)
         if n is not None:  # the drafts are the full head's argmax over the draft vocabulary
             sess.cache.restore(snap)
             sess.cache.mtp_len = sess.cache.pos - 1
@@ -80,6 +102,51 @@ def main(argv=None) -> int:
            "commit": os.environ.get("PRIMEWALK_COMMIT")}
     write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
     return 0 if all(r.get("first_draft_is_full_argmax_over_ids", True) for r in rows) else 1
+
+
+def _issue_marks(eng):
+    """A list that gets, for every ``eng.mtp_draft`` call from now on, the seconds from the call
+    until its first ``eng.B.synchronize()`` (``mtp_draft`` synchronizes once, after issuing all
+    its passes): the host's share of the step, the rest is the device finishing."""
+    marks, sync, draft = [], eng.B.synchronize, eng.mtp_draft
+    state = {}
+
+    def timed_sync(*args, **kw):
+        if "t0" in state:
+            marks.append(time.perf_counter() - state.pop("t0"))
+        return sync(*args, **kw)
+
+    def timed_draft(*args, **kw):
+        state["t0"] = time.perf_counter()
+        try:
+            return draft(*args, **kw)
+        finally:
+            state.pop("t0", None)
+
+    eng.B.synchronize, eng.mtp_draft = timed_sync, timed_draft
+    return marks
+
+
+def _ncu_step(eng, ids, k, n, profile=True):
+    """Warm K-draft steps among ``n`` ids (None: the whole vocabulary), then one between
+    cudaProfilerStart/Stop (``profile``; off: a dry run on the CPU)."""
+    from numba import cuda
+
+    start, stop = (cuda.profile_start, cuda.profile_stop) if profile else (lambda: None, lambda: None)
+    eng.set_draft_vocab(n)
+    sess = bench._primed(eng, ids)
+    snap = sess.cache.snapshot()
+    bench._time_draft_verify(eng, sess, snap, k)  # compiles, captures, warms
+    c = sess.cache
+    c.mtp_len = c.pos - 1
+    hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
+    eng.B.synchronize()
+    start()
+    got = eng.mtp_draft(sess, [1, 2], hid, k)
+    eng.B.synchronize()
+    stop()
+    print(f"profiled one {k}-draft step among {n or eng.cfg.vocab_size} ids: drafts {got}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
