@@ -46,3 +46,31 @@ def test_acceptance_table_tool(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "| 2 | greedy | 2 | 1.75 | 0.57, 0.17 | 10 | 20 |"
+
+
+def test_spec_round_probe(tmp_path):
+    """tools/probe_spec_round.py on the CPU twin: every round runs one draft step, one verify
+    step, one rollback, one hidden-row download and one acceptance test; the timed phases lie
+    inside the continuation's wall time; the engine's methods are its class's again after."""
+    import importlib.util
+    import json
+
+    from harness.engine.model import Engine
+
+    spec = importlib.util.spec_from_file_location("probe_spec_round", os.path.join(ROOT, "tools", "probe_spec_round.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "sr.json"
+    assert mod.main(["--out", str(out), "--k", "2", "--prompt-len", "24", "--new-tokens", "16"]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    n = row["rounds"]
+    assert n >= 1 and all(row["phases"][p]["calls"] == n for p in mod.PHASES), row
+    assert 0 <= row["copying_rollbacks"] <= n
+    assert sum(v["s"] for v in row["phases"].values()) <= row["wall_s"]
+    assert row["tokens"] == 16 and 1.0 <= row["mean_acceptance_length"] <= 3.0
+
+    eng = Engine.__new__(Engine)
+    acc = {"rollback": [0, 0.0]}
+    mod._wrap(eng, "rollback", acc, "rollback")
+    assert "rollback" in vars(eng)  # the wrap is an instance attribute, the class untouched
+    assert Engine.rollback is not vars(eng)["rollback"]

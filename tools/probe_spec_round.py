@@ -1,0 +1,122 @@
+"""Where a speculative round's wall time goes: the draft step, the verify step, the rollback,
+the hidden rows' download and the host's acceptance test, each summed over one continuation.
+
+``harness bench`` times the draft and the verify step alone; a continuation's rounds also roll
+the DeltaNet state back to the accepted row (``Engine.rollback``: two copies a DeltaNet layer
+when a draft was rejected), bring the verify step's hidden rows to the host
+(``Engine.host``), and test each draft against the verify logits (``speculative._verify``).
+This runs ``continue_spec`` (after one untimed run that compiles and captures, as the bench
+does) with each of those wrapped in a timer, and prints, per K, the seconds in each, the
+rest (``other``: the stream's own work), and how many rollbacks copied state.
+
+    python tools/probe_spec_round.py --out spec-round.json                     # stdlib-small, CPU twin
+    python tools/probe_spec_round.py --out spec-round.json --backend cuda --k 1,2,3,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from harness.atomic import write_text_atomic  # noqa: E402
+from harness.engine.model import Engine  # noqa: E402
+from harness.engine.weights import load_checkpoint  # noqa: E402
+from harness.models import model_path  # noqa: E402
+from harness.walk import speculative  # noqa: E402
+from harness.walk.mtp_walker import run_prime  # noqa: E402
+from harness.walk.scheduler import reset_session, zero_snapshot  # noqa: E402
+
+PHASES = ("mtp_draft", "target_step", "rollback", "host", "verify")
+
+
+def _wrap(obj, name, acc, key):
+    fn = getattr(obj, name)
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[key][0] += 1
+            acc[key][1] += time.perf_counter() - t0
+
+    setattr(obj, name, timed)
+    return fn
+
+
+def round_costs(eng, prompt, k, new_tokens):
+    """{phase: [calls, seconds]}, the wall seconds, tokens, rounds and copying rollbacks of one
+    timed ``continue_spec`` (its session's second run)."""
+    cap = len(prompt) + 2 * new_tokens + k + 8
+    sess = eng.new_session(cap)
+
+    def go(before=lambda: None):
+        prepared = run_prime(eng, sess, prompt, k).prepared
+        before()  # the timers count the continuation's calls only, not the prime's
+        return speculative.continue_spec(eng, sess, prepared, new_tokens, k)
+
+    go()
+    reset_session(sess, zero_snapshot(eng))
+    acc = {p: [0, 0.0] for p in PHASES}
+    copying = [0]
+    rollback = eng.rollback
+
+    def counted_rollback(s, keep):
+        copying[0] += keep < s.verify_caps["rows"]
+        return rollback(s, keep)
+
+    saved = []
+
+    def install():
+        eng.rollback = counted_rollback
+        saved.extend((eng, n, _wrap(eng, n, acc, n)) for n in ("mtp_draft", "target_step", "rollback", "host"))
+        saved.append((speculative, "_verify", _wrap(speculative, "_verify", acc, "verify")))
+
+    try:
+        res = go(install)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+        del eng.rollback  # the instance attribute: the class's method again
+    rounds = res.metrics["drafts"]
+    return {"k": k, "wall_s": res.wall_s, "tokens": len(res.tokens), "tokens_per_s": res.tokens_per_s,
+            "rounds": rounds, "copying_rollbacks": copying[0],
+            "mean_acceptance_length": res.metrics["mean_acceptance_length"],
+            "phases": {p: {"calls": c, "s": s} for p, (c, s) in acc.items()},
+            "other_s": res.wall_s - sum(s for _, s in acc.values())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON to write")
+    ap.add_argument("--model", default=model_path("stdlib-small"))
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--k", default="1,2,3,4")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    a = ap.parse_args(argv)
+    eng = Engine(load_checkpoint(a.model), a.backend)
+    text = open(os.path.join(os.path.dirname(os.path.abspath(speculative.__file__)), "speculative.py"), "rb").read()
+    prompt = [b % eng.cfg.vocab_size for b in text[: a.prompt_len]]  # byte-level: source text
+    rows = []
+    for k in [int(x) for x in a.k.split(",") if x]:
+        r = round_costs(eng, prompt, k, a.new_tokens)
+        rows.append(r)
+        ph = " ".join(f"{p} {v['s'] * 1e6 / max(r['rounds'], 1):.0f}" for p, v in r["phases"].items())
+        print(f"K={k}: {r['tokens_per_s']:.0f} tokens/s, {r['rounds']} rounds ({r['copying_rollbacks']} rolled state "
+              f"back), acceptance {r['mean_acceptance_length']:.2f}; µs a round: {ph} "
+              f"other {r['other_s'] * 1e6 / max(r['rounds'], 1):.0f}", flush=True)
+    out = {"kind": "probe-spec-round", "device": eng.B.device_name(), "backend": a.backend, "model": a.model,
+           "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("PRIMEWALK_COMMIT")}
+    write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
