@@ -85,6 +85,7 @@ def round_costs(eng, prompt, k, new_tokens):
         del eng.rollback  # the instance attribute: the class's method again
     rounds = res.metrics["drafts"]
     return {"k": k, "wall_s": res.wall_s, "tokens": len(res.tokens), "tokens_per_s": res.tokens_per_s,
+            "token_ids": [int(t) for t in res.tokens], "cache_digest": sess.cache.digest(),
             "rounds": rounds, "copying_rollbacks": copying[0],
             "mean_acceptance_length": res.metrics["mean_acceptance_length"],
             "phases": {p: {"calls": c, "s": s} for p, (c, s) in acc.items()},
