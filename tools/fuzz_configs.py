@@ -196,7 +196,10 @@ def sim_case(r, seed) -> dict:
     ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
     P, R = r.randint(3, 70), r.randint(2, 8)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, P + R + 3)
-    sc, sg = ec.new_session(P + R + 3 + 4), eg.new_session(P + R + 3 + 4)
+    # room for the prime, the verify rows, three decodes, four greedy steps and a K = 3 draft
+    # after a rollback that kept every verify row
+    cap = P + R + 3 + 4 + 3
+    sc, sg = ec.new_session(cap), eg.new_session(cap)
     steps = []
 
     def step(name, rows, f):
