@@ -65,6 +65,7 @@ def test_draft_ids_refuses(bad, msg):
 
 
 def test_read_draft_vocab_files(tmp_path):
+    assert read_draft_vocab(None, V) is None  # the option not given: the whole vocabulary
     assert read_draft_vocab("7", V).tolist() == list(range(7))
     j = tmp_path / "ids.json"
     j.write_text(json.dumps(ODD))

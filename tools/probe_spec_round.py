@@ -46,7 +46,6 @@ def _wrap(obj, name, acc, key):
             acc[key][1] += time.perf_counter() - t0
 
     setattr(obj, name, timed)
-    return fn
 
 
 def round_costs(eng, prompt, k, new_tokens):
@@ -70,19 +69,20 @@ def round_costs(eng, prompt, k, new_tokens):
         copying[0] += keep < s.verify_caps["rows"]
         return rollback(s, keep)
 
-    saved = []
+    methods, verify = ("mtp_draft", "target_step", "rollback", "host"), speculative._verify
 
     def install():
         eng.rollback = counted_rollback
-        saved.extend((eng, n, _wrap(eng, n, acc, n)) for n in ("mtp_draft", "target_step", "rollback", "host"))
-        saved.append((speculative, "_verify", _wrap(speculative, "_verify", acc, "verify")))
+        for n in methods:
+            _wrap(eng, n, acc, n)
+        _wrap(speculative, "_verify", acc, "verify")
 
     try:
         res = go(install)
-    finally:
-        for obj, name, fn in saved:
-            setattr(obj, name, fn)
-        del eng.rollback  # the instance attribute: the class's method again
+    finally:  # the wraps are instance attributes: dropping them leaves the class's methods
+        for n in methods:
+            vars(eng).pop(n, None)
+        speculative._verify = verify
     rounds = res.metrics["drafts"]
     return {"k": k, "wall_s": res.wall_s, "tokens": len(res.tokens), "tokens_per_s": res.tokens_per_s,
             "token_ids": [int(t) for t in res.tokens], "cache_digest": sess.cache.digest(),

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
                     help="draft among the ids 0..N-1 or those in FILE (README: drafting among a draft vocabulary)")
     args = ap.parse_args(argv)
     ck = load_checkpoint(args.model)
-    dv = None if args.draft_vocab is None else read_draft_vocab(args.draft_vocab, ck.config.vocab_size)
+    dv = read_draft_vocab(args.draft_vocab, ck.config.vocab_size)
     eng = Engine(ck, args.backend, draft_vocab=dv)
     ks = [int(k) for k in args.k.split(",")]
     warm_up(eng, max(ks))

@@ -67,14 +67,15 @@ def cmd_draft_vocab(args) -> int:
     counts = count_tokens(tok, files, V)
     ids = ranked(counts, args.size)
     seen = sum(1 for t in ids if counts[t])
-    covered = sum(counts[t] for t in ids) / max(1, sum(counts.values()))
+    total = sum(counts.values())
+    covered = sum(counts[t] for t in ids) / max(1, total)
     head = [f"# draft vocabulary: the {args.size} most frequent of {V} ids in {len(files)} file(s), "
-            f"{sum(counts.values())} tokens (harness draft-vocab)",
+            f"{total} tokens (harness draft-vocab)",
             f"# they cover {covered:.1%} of the corpus's tokens; {args.size - seen} never seen there (the lowest unseen ids)",
             "# most frequent first; harness generate / run-matrix --draft-vocab read it as a set"]
     write_text_atomic(args.out, "\n".join(head + [" ".join(map(str, ids[i:i + 16])) for i in range(0, len(ids), 16)])
                       + "\n")
-    print(f"draft-vocab: {args.size} ids covering {covered:.1%} of {sum(counts.values())} corpus tokens -> {args.out}")
+    print(f"draft-vocab: {args.size} ids covering {covered:.1%} of {total} corpus tokens -> {args.out}")
     return 0
 
 

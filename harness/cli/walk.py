@@ -27,8 +27,8 @@ def _engine(args, need_mtp: bool = True):
     dv = getattr(args, "draft_vocab", None)
     if dv is not None and getattr(args, "plain", False):
         raise PrimewalkError("--draft-vocab is for speculative decoding; --plain drafts nothing")
-    vocab = None if dv is None else read_draft_vocab(dv, ck.config.vocab_size)
-    return Engine(ck, args.backend, weights=args.weights, mode=args.mode, draft_vocab=vocab)
+    return Engine(ck, args.backend, weights=args.weights, mode=args.mode,
+                  draft_vocab=read_draft_vocab(dv, ck.config.vocab_size))
 
 
 def cmd_check(args) -> int:

@@ -51,9 +51,12 @@ def draft_ids(spec, vocab_size: int) -> np.ndarray:
     return np.unique(a)
 
 
-def read_draft_vocab(arg: str, vocab_size: int) -> np.ndarray:
+def read_draft_vocab(arg: str | None, vocab_size: int) -> np.ndarray | None:
     """``--draft-vocab`` as given on a command line: a count N, or a file of token ids (a JSON
-    list, or ids separated by whitespace or commas; ``#`` starts a comment line)."""
+    list, or ids separated by whitespace or commas; ``#`` starts a comment line); None (the
+    option not given) stays None, the whole vocabulary."""
+    if arg is None:
+        return None
     s = str(arg).strip()
     if s.isdigit():
         return draft_ids(int(s), vocab_size)

@@ -82,7 +82,7 @@ def engines_for(ckpt, backends, draft_vocab=None) -> dict:
     """One engine per distinct backend (sides on one backend share it, and its workspace, as
     the cells of a matrix do), each drafting among ``draft_vocab`` (``--draft-vocab`` as given,
     :mod:`harness.engine.draft`) when it is not None."""
-    dv = None if draft_vocab is None else read_draft_vocab(draft_vocab, ckpt.config.vocab_size)
+    dv = read_draft_vocab(draft_vocab, ckpt.config.vocab_size)
     return {b: Engine(ckpt, b, draft_vocab=dv) for b in dict.fromkeys(backends)}
 
 
@@ -174,7 +174,7 @@ def schedule_sides(model, prompt_len, sched_a, sched_b, backend_a="cpu", backend
     if prompt_len is None or prompt_len < 1:
         raise PrimewalkError(f"--prompt-len must be a positive integer, got {prompt_len}")
     sides = []
-    for name, text, backend in (("a", sched_a, backend_a), ("b", sched_b, backend_b)):  # draft_vocab: engines_for
+    for name, text, backend in (("a", sched_a, backend_a), ("b", sched_b, backend_b)):
         variant = parse_schedule(text, chunk_rows)
         data = {"models": {"m": model or EMBEDDED},
                 "prompts": [{"kind": "synthetic", "lengths": [int(prompt_len)], "seed": int(seed)}],

@@ -193,8 +193,8 @@ def load_models(spec: MatrixSpec, weights: str | None = None, draft_vocab: str |
     for name, folder in spec.model_dirs.items():
         ck = load_checkpoint(folder)
         ck.require_mtp("the schedule matrix")
-        dv = None if draft_vocab is None else read_draft_vocab(draft_vocab, ck.config.vocab_size)
-        eng = Engine(ck, spec.backend, weights=weights, mode=spec.mode, draft_vocab=dv)
+        eng = Engine(ck, spec.backend, weights=weights, mode=spec.mode,
+                     draft_vocab=read_draft_vocab(draft_vocab, ck.config.vocab_size))
         tok = spec.tokenizers[name] if name in spec.tokenizers else load_tokenizer(folder, ck.config.vocab_size)
         m = _Model(name, folder, ck, eng, tokenizer=describe_tokenizer(tok))
         V = ck.config.vocab_size
