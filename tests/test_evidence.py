@@ -191,6 +191,48 @@ def test_merge_shards_is_the_unsharded_receipt(tmp_path):
     assert [r["status"] for r in ev.check_evidence(str(root))] == ["partial", "current"]
 
 
+def _dc_shards(tmp_path, n, kept, env_from=True):
+    """Run tools/dc_shards.sh into tmp_path/run with shard receipts ``kept`` in DC_FROM; a shard
+    it does run is a device-check process, which fails here (no GPU, or a bad option)."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "from"
+    src.mkdir(parents=True)
+    for i in kept:
+        doc = _shard_doc(i, n, 11)
+        for r in doc["ops"]:
+            r["verdict"] = "bitwise"  # a passing check: the merge's verdict is the exit code
+        doc["summary"] = {**doc["summary"], "ops_bitwise": doc["summary"]["ops"]}
+        (src / f"dc-shard{i}.json").write_text(json.dumps(doc))
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], "T": "60",
+           "PYTHONPATH": ROOT, **({"DC_FROM": str(src)} if env_from else {})}
+    run = tmp_path / "run"
+    return run, subprocess.run(["bash", os.path.join(ROOT, "tools", "dc_shards.sh"), str(run), str(run / "all.json"),
+                                str(n), "--no-such-option"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_dc_shards_keeps_the_shards_an_earlier_stopped_run_finished(tmp_path):
+    """A device-check stopped part-way keeps the shard receipts that were written; given them
+    (DC_FROM), dc_shards.sh runs only the missing shards, then merges all."""
+    from harness.gpu.devicecheck import merge_shards
+
+    run, p = _dc_shards(tmp_path / "a", 3, kept=(0, 1, 2))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("kept from an earlier run") == 3
+    assert not list(run.glob("device-check-shard*.log")) and not list(run.glob("dc-shard*.json"))
+    want = merge_shards([str(tmp_path / "a" / "from" / f"dc-shard{i}.json") for i in range(3)], str(tmp_path / "w.json"))
+    assert json.loads((run / "all.json").read_text()) == want
+    # one missing: only that shard runs (and fails here), the kept ones stay for the next try
+    run, p = _dc_shards(tmp_path / "b", 3, kept=(0, 2))
+    assert p.returncode == 1 and p.stdout.count("kept from an earlier run") == 2
+    assert sorted(x.name for x in run.glob("device-check-shard*.log")) == ["device-check-shard1.log"]
+    assert sorted(x.name for x in run.glob("dc-shard*.json")) == ["dc-shard0.json", "dc-shard2.json"]
+    assert not (run / "all.json").exists()
+    _, p = _dc_shards(tmp_path / "c", 3, kept=())
+    assert p.returncode == 2 and "no dc-shard*.json in DC_FROM" in p.stderr
+
+
 def test_merge_shards_refuses_what_is_not_one_whole_check(tmp_path):
     from harness.errors import InputError
     from harness.gpu.devicecheck import merge_shards
