@@ -112,9 +112,10 @@ def test_device_receipts_record_the_fingerprint():
 # ------------------------------------------------------------------------------------------------
 # device-check in shards (--shard I/N, --merge)
 # ------------------------------------------------------------------------------------------------
-def _shard_doc(i, n, units, fp="f" * 64):
+def _shard_doc(i, n, units, fp="f" * 64, failing=4):
     """What ``device_check(shard=(i, n))`` writes for ``units`` units: units 0..units-3 op cases,
-    the last two model runs with two schedule rows each (rows made up; a failing one at unit 4)."""
+    the last two model runs with two schedule rows each (rows made up; a failing one at unit
+    ``failing``, none when it is None)."""
     from harness.gpu.devicecheck import _mine, _summary
 
     ops_rows, models = [], []
@@ -122,7 +123,7 @@ def _shard_doc(i, n, units, fp="f" * 64):
         if not _mine(u, (i, n)):
             continue
         if u < units - 2:
-            ops_rows.append({"op": f"op{u}", "case": "c", "verdict": "differs" if u == 4 else "bitwise",
+            ops_rows.append({"op": f"op{u}", "case": "c", "verdict": "differs" if u == failing else "bitwise",
                              "max_ulp": 0, "cpu_s": 0.0, "cuda_s": 0.0, "unit": u})
         else:
             for sched in ("tokenwise", "batched"):
@@ -200,11 +201,8 @@ def _dc_shards(tmp_path, n, kept, env_from=True):
     src = tmp_path / "from"
     src.mkdir(parents=True)
     for i in kept:
-        doc = _shard_doc(i, n, 11)
-        for r in doc["ops"]:
-            r["verdict"] = "bitwise"  # a passing check: the merge's verdict is the exit code
-        doc["summary"] = {**doc["summary"], "ops_bitwise": doc["summary"]["ops"]}
-        (src / f"dc-shard{i}.json").write_text(json.dumps(doc))
+        # a passing check: the merge's verdict is the script's exit code
+        (src / f"dc-shard{i}.json").write_text(json.dumps(_shard_doc(i, n, 11, failing=None)))
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], "T": "60",
            "PYTHONPATH": ROOT, **({"DC_FROM": str(src)} if env_from else {})}
     run = tmp_path / "run"
