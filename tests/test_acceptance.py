@@ -66,6 +66,7 @@ def test_spec_round_probe(tmp_path):
     n = row["rounds"]
     assert n >= 1 and all(row["phases"][p]["calls"] == n for p in mod.PHASES), row
     assert 0 <= row["copying_rollbacks"] <= n
+    assert row["untimed_runs"] == 2 and row["captured_in_timed_run"] == 0  # (no graphs on the CPU)
     assert sum(v["s"] for v in row["phases"].values()) <= row["wall_s"]
     assert row["tokens"] == 16 and 1.0 <= row["mean_acceptance_length"] <= 3.0
 

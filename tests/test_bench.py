@@ -156,6 +156,18 @@ def test_the_draft_vocabulary_goal_and_table():
     assert "K = 3, N = 16,384: 0.400 ms; K = 3, N = 8,192: 0.300 ms." in md
 
 
+def test_the_speculative_table_names_the_timed_run():
+    """A bench records how many continuations ran before the timed one (``untimed_runs``: 2 from
+    the commit after 9a49357); the table says which run its figures are, a bench without the
+    field (one untimed run) the second."""
+    r = make_bench_result()
+    r["goals"] = rep.goals_block(r)
+    assert "each timed on the second run of a reset session" in rep.readme_markdown(r)
+    for s in r["primewalk"]["spec"].values():
+        s["untimed_runs"] = 2
+    assert "each timed on the third run of a reset session" in rep.readme_markdown(r)
+
+
 def test_random_context_fill_sets_the_position(eng):
     s = eng.new_session(300)
     _fill_random_context(eng, s, 256, np.random.default_rng(0))

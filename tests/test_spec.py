@@ -202,6 +202,43 @@ def test_rollback_keeps_exact_prefix(eng, k):
             eng.rollback(s, keep)  # no captured step left
 
 
+def test_rollback_reuses_its_copy_plans(eng):
+    """One session, many rounds: a rollback's copies are resolved once per keep and capture
+    buffers (``Engine._rollback_plan``) and reused; every round -- the same keep again, another
+    keep, after a snapshot restore, after the capture buffers changed with the row count --
+    leaves the state of decoding its kept rows one by one."""
+    prompt = prompt_of(40)
+    plain, _ = plain_ref(eng, prompt)
+    s = eng.new_session(120)
+    eng.prime_chunk(s, prompt)
+    snap = s.cache.snapshot()
+    seq = eng.new_session(120)
+    seq.cache.restore(snap)
+    want = [trunk_digest(seq.cache)]
+    for t in plain[:6]:
+        eng.decode_step(seq, t)
+        want.append(trunk_digest(seq.cache))
+    plans = []
+    for rows, keep in ((4, 2), (4, 2), (4, 1), (4, 3), (3, 1), (4, 2)):
+        s.cache.restore(snap)
+        eng.target_step(s, plain[:rows], capture=True)
+        eng.rollback(s, keep)
+        assert s.cache.pos == 40 + keep and trunk_digest(s.cache) == want[keep], (rows, keep)
+        plans.append(s.verify_caps["plans"][keep][2])
+    assert plans[1] is plans[0]  # the same keep on the same buffers: the same plan
+    assert plans[5] is not plans[0]  # the buffers were made anew for 3 rows, then for 4 again
+
+
+def test_copy_plan_refuses_mismatched_arrays(eng):
+    with pytest.raises(PrimewalkError, match="copy_plan"):
+        eng.B.copy_plan([(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))])
+    with pytest.raises(PrimewalkError, match="copy_plan"):
+        eng.B.copy_plan([(np.zeros(4, np.float32), np.zeros(4, np.float64))])
+    dst, src = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
+    eng.B.run_copies(eng.B.copy_plan([(dst, src)]))
+    assert np.array_equal(dst, src)
+
+
 def test_step_last_hidden_row_is_its_own_copy(eng):
     """A step's last hidden row (``cache.last_h``, what the next MTP fill pairs with) and an MTP
     pass's ``last_hidden``: the last row of the step's hidden rows, bit for bit, in memory of

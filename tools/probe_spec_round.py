@@ -5,7 +5,7 @@ the hidden rows' download and the host's acceptance test, each summed over one c
 the DeltaNet state back to the accepted row (``Engine.rollback``: two copies a DeltaNet layer
 when a draft was rejected), bring the verify step's hidden rows to the host
 (``Engine.host``), and test each draft against the verify logits (``speculative._verify``).
-This runs ``continue_spec`` (after one untimed run that compiles and captures, as the bench
+This runs ``continue_spec`` (after untimed runs that compile and capture, as the bench
 does) with each of those wrapped in a timer, and prints, per K, the seconds in each, the
 rest (``other``: the stream's own work), and how many rollbacks copied state.
 
@@ -48,9 +48,11 @@ def _wrap(obj, name, acc, key):
     setattr(obj, name, timed)
 
 
-def round_costs(eng, prompt, k, new_tokens):
+def round_costs(eng, prompt, k, new_tokens, untimed=2):
     """{phase: [calls, seconds]}, the wall seconds, tokens, rounds and copying rollbacks of one
-    timed ``continue_spec`` (its session's second run)."""
+    timed ``continue_spec`` (its session's run ``untimed`` + 1), and the steps it captured (a
+    step shape is run eagerly the first time, captured the second: none, when the runs before
+    met every shape twice)."""
     cap = len(prompt) + 2 * new_tokens + k + 8
     sess = eng.new_session(cap)
 
@@ -59,8 +61,10 @@ def round_costs(eng, prompt, k, new_tokens):
         before()  # the timers count the continuation's calls only, not the prime's
         return speculative.continue_spec(eng, sess, prepared, new_tokens, k)
 
-    go()
-    reset_session(sess, zero_snapshot(eng))
+    for _ in range(untimed):  # as harness bench: every step shape captured before the timed run
+        go()
+        reset_session(sess, zero_snapshot(eng))
+    graphs = len(sess.cache.graphs)
     acc = {p: [0, 0.0] for p in PHASES}
     copying = [0]
     rollback = eng.rollback
@@ -86,7 +90,8 @@ def round_costs(eng, prompt, k, new_tokens):
     rounds = res.metrics["drafts"]
     return {"k": k, "wall_s": res.wall_s, "tokens": len(res.tokens), "tokens_per_s": res.tokens_per_s,
             "token_ids": [int(t) for t in res.tokens], "cache_digest": sess.cache.digest(),
-            "rounds": rounds, "copying_rollbacks": copying[0],
+            "rounds": rounds, "copying_rollbacks": copying[0], "untimed_runs": untimed,
+            "captured_in_timed_run": len(sess.cache.graphs) - graphs,
             "mean_acceptance_length": res.metrics["mean_acceptance_length"],
             "phases": {p: {"calls": c, "s": s} for p, (c, s) in acc.items()},
             "other_s": res.wall_s - sum(s for _, s in acc.values())}
@@ -100,18 +105,21 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="1,2,3,4")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--untimed-runs", type=int, default=2,
+                    help="continuations run before the timed one (1: as harness bench did until 9a49357)")
     a = ap.parse_args(argv)
     eng = Engine(load_checkpoint(a.model), a.backend)
     text = open(os.path.join(os.path.dirname(os.path.abspath(speculative.__file__)), "speculative.py"), "rb").read()
     prompt = [b % eng.cfg.vocab_size for b in text[: a.prompt_len]]  # byte-level: source text
     rows = []
     for k in [int(x) for x in a.k.split(",") if x]:
-        r = round_costs(eng, prompt, k, a.new_tokens)
+        r = round_costs(eng, prompt, k, a.new_tokens, a.untimed_runs)
         rows.append(r)
         ph = " ".join(f"{p} {v['s'] * 1e6 / max(r['rounds'], 1):.0f}" for p, v in r["phases"].items())
         print(f"K={k}: {r['tokens_per_s']:.0f} tokens/s, {r['rounds']} rounds ({r['copying_rollbacks']} rolled state "
               f"back), acceptance {r['mean_acceptance_length']:.2f}; µs a round: {ph} "
-              f"other {r['other_s'] * 1e6 / max(r['rounds'], 1):.0f}", flush=True)
+              f"other {r['other_s'] * 1e6 / max(r['rounds'], 1):.0f}; {r['captured_in_timed_run']} steps captured in it",
+              flush=True)
     out = {"kind": "probe-spec-round", "device": eng.B.device_name(), "backend": a.backend, "model": a.model,
            "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("PRIMEWALK_COMMIT")}

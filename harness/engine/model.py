@@ -649,10 +649,7 @@ class Engine:
         except NumericError:
             raise
         except BaseException as e:  # an interrupt, a failed launch: steps ran that no caller saw
-            try:
-                B.synchronize()  # the steps issued end before the position says they ran
-            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
-                pass
+            self._wait_quietly()  # the steps issued end before the position says they ran
             c.pos = start + issued
             c.poisoned = f"decode_greedy stopped after {issued} of {n} steps ({type(e).__name__})"
             raise
@@ -702,12 +699,24 @@ class Engine:
             raise PrimewalkError(f"rollback to {keep} of {R} captured rows is not possible here")
         c = sess.cache
         if keep < R:
-            for li in self.cfg.gdn_layers:
-                self.B.copy_into(c.conv[li], caps["conv"][li][keep - 1])
-                self.B.copy_into(c.rec[li], caps["rec"][li][keep - 1])
+            self.B.run_copies(self._rollback_plan(c, caps, keep))
             c.pos = start + keep
             c.last_h = caps["hidden"][keep - 1:keep]
         caps.pop("start")
+
+    def _rollback_plan(self, c, caps, keep):
+        """The copies of a rollback to ``keep`` rows (each DeltaNet layer's conv and recurrent
+        state from row keep-1's capture), resolved once per capture buffers and ``keep``
+        (:meth:`Backend.copy_plan`) and kept in ``caps``, whose buffers live as long as its row
+        count (:meth:`_trunk`); checked against the cache's arrays before each reuse."""
+        layers = self.cfg.gdn_layers
+        plans = caps.setdefault("plans", {})
+        plan = plans.get(keep)
+        if plan is None or plan[0] is not c.conv or plan[1] is not c.rec:
+            pairs = [p for li in layers for p in ((c.conv[li], caps["conv"][li][keep - 1]),
+                                                  (c.rec[li], caps["rec"][li][keep - 1]))]
+            plan = plans[keep] = (c.conv, c.rec, self.B.copy_plan(pairs))
+        return plan[2]
 
     # ---- MTP ---------------------------------------------------------------------------------
     def require_mtp(self, what="the MTP head"):
@@ -859,10 +868,7 @@ class Engine:
                                                          *keep, *self._ws.values()])
             B.synchronize()
         except BaseException:  # a stopped or failed launch: let what was issued end before the next call
-            try:
-                B.synchronize()
-            except Exception:  # noqa: BLE001 -- a dead context raises here too: report the first error
-                pass
+            self._wait_quietly()
             raise
         c.mtp_len = start + n
         self._raise_nonfinite(sess, flags, ["mtp.layers.0"])
@@ -886,6 +892,15 @@ class Engine:
                 logits, out = self.mtp_rows(sess, [d], out, start + n + i, logits_rows=1, last_hidden=True,
                                             draft=True)
         return drafts
+
+    def _wait_quietly(self):
+        """Wait for the launches issued so far, after a call was stopped part-way (an interrupt, a
+        failed launch); a wait that fails too (a dead context) is let pass, so the error that
+        stopped the call is the one raised."""
+        try:
+            self.B.synchronize()
+        except Exception:  # noqa: BLE001
+            pass
 
     def _drop_old_drafts(self, c):
         """Drop cache ``c``'s captures of draft passes made under an older draft generation (a

@@ -63,6 +63,9 @@ SPEC_KS = (1, 2, 3, 4)
 # last SPEC_STEP_REPS counts (7 until 6356ab9: a step's run-to-run spread on the H200, ~0.1 ms,
 # was as large as the differences between K; receipts/probes/README.md)
 SPEC_STEP_WARMUP, SPEC_STEP_REPS = 2, 15
+# a speculative continuation is timed on its third run (spec_run: every step shape it meets is
+# replayed then, none captured)
+SPEC_UNTIMED_RUNS = 2
 # the draft step is also timed drafting among the first BENCH_DRAFT_VOCAB ids (harness.engine.draft:
 # the size EAGLE-3 and FR-Spec use for 128k-152k vocabularies), the lm head's other rows unread
 BENCH_DRAFT_VOCAB = 32768
@@ -390,7 +393,7 @@ def decode_figures(eng, make_session, reps=1):
 
 def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=()):
     """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
-    second run (compilation and graph capture excluded), and the cost of one draft step (K
+    third run (compilation and graph capture excluded: ``steady``), and the cost of one draft step (K
     chained MTP passes) and of one K+1-row verify step, timed in isolation; with
     ``draft_vocab`` N (smaller than the vocabulary) the draft step again, drafting among the
     ids 0..N-1 (``draft_vocab`` in the result), and at each size of ``draft_vocab_curve``
@@ -402,11 +405,16 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
     cap = len(prompt) + 2 * new_tokens + k + 8
 
     def steady(go):
-        """(result, session) of ``go(session)`` run twice on one session, reset in between: the
-        first run compiles and captures its steps, the second (timed: its result) replays them."""
+        """(result, session) of ``go(session)`` run SPEC_UNTIMED_RUNS + 1 times on one session,
+        reset in between, the last timed (its result): a step shape is run eagerly the first
+        time it comes, captured the second and replayed after, so a shape the first run met
+        once (a round's fill rows after a rare acceptance) is captured in the second run and
+        replayed in the third. Until 9a49357 the second run was timed, and the capture of such
+        shapes counted in it."""
         sess = eng.new_session(cap)
-        go(sess)
-        reset_session(sess, zero_snapshot(eng))
+        for _ in range(SPEC_UNTIMED_RUNS):
+            go(sess)
+            reset_session(sess, zero_snapshot(eng))
         return go(sess), sess
 
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
@@ -414,6 +422,7 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
     snap = sess.cache.snapshot()
     d_s, v_s = _time_draft_verify(eng, sess, snap, k, verify=True)
     out = {"spec_tokens_per_s": spec.tokens_per_s, "plain_tokens_per_s": plain.tokens_per_s,
+           "untimed_runs": SPEC_UNTIMED_RUNS,
            "same_tokens": spec.tokens == plain.tokens,
            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
            "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
