@@ -62,7 +62,9 @@ def test_spec_round_probe(tmp_path):
     spec.loader.exec_module(mod)
     out = tmp_path / "sr.json"
     assert mod.main(["--out", str(out), "--k", "2", "--prompt-len", "24", "--new-tokens", "16"]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and doc["k_asked"] == [2]
+    (row,) = doc["rows"]
     n = row["rounds"]
     assert n >= 1 and all(row["phases"][p]["calls"] == n for p in mod.PHASES), row
     assert 0 <= row["copying_rollbacks"] <= n
@@ -75,3 +77,20 @@ def test_spec_round_probe(tmp_path):
     mod._wrap(eng, "rollback", acc, "rollback")
     assert "rollback" in vars(eng)  # the wrap is an instance attribute, the class untouched
     assert Engine.rollback is not vars(eng)["rollback"]
+
+    # A run stopped part-way (its time box) keeps the Ks it finished: the JSON is written after each K.
+    real, calls = mod.round_costs, []
+
+    def stopped_after_first(eng, prompt, k, *a):
+        calls.append(k)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(eng, prompt, k, *a)
+
+    mod.round_costs = stopped_after_first
+    part = tmp_path / "part.json"
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--out", str(part), "--k", "1,3", "--prompt-len", "24", "--new-tokens", "8"])
+    doc = json.loads(part.read_text())
+    assert calls == [1, 3] and not doc["complete"] and doc["k_asked"] == [1, 3]
+    assert [r["k"] for r in doc["rows"]] == [1] and doc["rows"][0]["tokens"] == 8

@@ -11,6 +11,9 @@ rest (``other``: the stream's own work), and how many rollbacks copied state.
 
     python tools/probe_spec_round.py --out spec-round.json                     # stdlib-small, CPU twin
     python tools/probe_spec_round.py --out spec-round.json --backend cuda --k 1,2,3,4
+
+The JSON is written after each K (``complete`` says whether every K asked for finished), so a
+run its time box stops keeps the rounds of the Ks it finished.
 """
 
 from __future__ import annotations
@@ -111,19 +114,21 @@ def main(argv=None) -> int:
     eng = Engine(load_checkpoint(a.model), a.backend)
     text = open(os.path.join(os.path.dirname(os.path.abspath(speculative.__file__)), "speculative.py"), "rb").read()
     prompt = [b % eng.cfg.vocab_size for b in text[: a.prompt_len]]  # byte-level: source text
-    rows = []
-    for k in [int(x) for x in a.k.split(",") if x]:
+    ks = [int(x) for x in a.k.split(",") if x]
+    out = {"kind": "probe-spec-round", "device": eng.B.device_name(), "backend": a.backend, "model": a.model,
+           "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "k_asked": ks, "complete": False, "rows": [],
+           "created": None, "commit": os.environ.get("PRIMEWALK_COMMIT")}
+    for k in ks:  # the JSON is rewritten after each K: a run stopped by its time box keeps the Ks it finished
         r = round_costs(eng, prompt, k, a.new_tokens, a.untimed_runs)
-        rows.append(r)
+        out["rows"].append(r)
+        out["complete"] = len(out["rows"]) == len(ks)
+        out["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
         ph = " ".join(f"{p} {v['s'] * 1e6 / max(r['rounds'], 1):.0f}" for p, v in r["phases"].items())
         print(f"K={k}: {r['tokens_per_s']:.0f} tokens/s, {r['rounds']} rounds ({r['copying_rollbacks']} rolled state "
               f"back), acceptance {r['mean_acceptance_length']:.2f}; µs a round: {ph} "
               f"other {r['other_s'] * 1e6 / max(r['rounds'], 1):.0f}; {r['captured_in_timed_run']} steps captured in it",
               flush=True)
-    out = {"kind": "probe-spec-round", "device": eng.B.device_name(), "backend": a.backend, "model": a.model,
-           "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("PRIMEWALK_COMMIT")}
-    write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
     return 0
 
 
