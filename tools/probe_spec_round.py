@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from harness.atomic import write_text_atomic  # noqa: E402
 from harness.engine.model import Engine  # noqa: E402
 from harness.engine.weights import load_checkpoint  # noqa: E402
+from harness.gpu.bench import SPEC_UNTIMED_RUNS, run_untimed  # noqa: E402
 from harness.models import model_path  # noqa: E402
 from harness.walk import speculative  # noqa: E402
 from harness.walk.mtp_walker import run_prime  # noqa: E402
-from harness.walk.scheduler import reset_session, zero_snapshot  # noqa: E402
 
 PHASES = ("mtp_draft", "target_step", "rollback", "host", "verify")
 
@@ -51,7 +51,7 @@ def _wrap(obj, name, acc, key):
     setattr(obj, name, timed)
 
 
-def round_costs(eng, prompt, k, new_tokens, untimed=2):
+def round_costs(eng, prompt, k, new_tokens, untimed=SPEC_UNTIMED_RUNS):
     """{phase: [calls, seconds]}, the wall seconds, tokens, rounds and copying rollbacks of one
     timed ``continue_spec`` (its session's run ``untimed`` + 1), and the steps it captured (a
     step shape is run eagerly the first time, captured the second: none, when the runs before
@@ -64,9 +64,7 @@ def round_costs(eng, prompt, k, new_tokens, untimed=2):
         before()  # the timers count the continuation's calls only, not the prime's
         return speculative.continue_spec(eng, sess, prepared, new_tokens, k)
 
-    for _ in range(untimed):  # as harness bench: every step shape captured before the timed run
-        go()
-        reset_session(sess, zero_snapshot(eng))
+    run_untimed(eng, sess, go, untimed)  # as harness bench: every step shape captured before the timed run
     graphs = len(sess.cache.graphs)
     acc = {p: [0, 0.0] for p in PHASES}
     copying = [0]
@@ -108,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="1,2,3,4")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--untimed-runs", type=int, default=2,
+    ap.add_argument("--untimed-runs", type=int, default=SPEC_UNTIMED_RUNS,
                     help="continuations run before the timed one (1: as harness bench did until 9a49357)")
     a = ap.parse_args(argv)
     eng = Engine(load_checkpoint(a.model), a.backend)

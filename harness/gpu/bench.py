@@ -391,6 +391,17 @@ def decode_figures(eng, make_session, reps=1):
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
+def run_untimed(eng, sess, go, runs=SPEC_UNTIMED_RUNS):
+    """Run ``go()`` (a continuation on ``sess``) ``runs`` times, resetting ``sess`` to the zero
+    state after each: the untimed runs before a timed one, in which every step shape it meets
+    is run eagerly and then captured."""
+    from ..walk.scheduler import reset_session, zero_snapshot
+
+    for _ in range(runs):
+        go()
+        reset_session(sess, zero_snapshot(eng))
+
+
 def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=()):
     """Speculative (K drafts) vs plain greedy decoding after the same prime, each timed on its
     third run (compilation and graph capture excluded: ``steady``), and the cost of one draft step (K
@@ -399,7 +410,6 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
     ids 0..N-1 (``draft_vocab`` in the result), and at each size of ``draft_vocab_curve``
     (``draft_step_ms_by_size``)."""
     from ..walk.mtp_walker import run_prime
-    from ..walk.scheduler import reset_session, zero_snapshot
     from ..walk.speculative import continue_plain, continue_spec
 
     cap = len(prompt) + 2 * new_tokens + k + 8
@@ -412,9 +422,7 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
         replayed in the third. Until 9a49357 the second run was timed, and the capture of such
         shapes counted in it."""
         sess = eng.new_session(cap)
-        for _ in range(SPEC_UNTIMED_RUNS):
-            go(sess)
-            reset_session(sess, zero_snapshot(eng))
+        run_untimed(eng, sess, lambda: go(sess))
         return go(sess), sess
 
     spec, sess = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))

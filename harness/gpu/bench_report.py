@@ -487,7 +487,7 @@ def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> st
     runs = [("bench-8l", m.get("spec") or {}), ("stdlib-small", _sub(r, "stdlib_small").get("spec") or {})]
     if any(_spec_rows(s) for _, s in runs):
         untimed = {int(s.get("untimed_runs", 1)) for _, spec in runs for _, s in _spec_rows(spec)}
-        nth = {1: "second", 2: "third"}.get(max(untimed), f"run {max(untimed) + 1}")
+        nth = {1: "second", 2: "third"}.get(max(untimed), f"{max(untimed) + 1}th")
         out += ["", f"Speculative decoding (greedy; each timed on the {nth} run of a reset session; a draft "
                 "step is K chained MTP rows, a verify step K + 1 rows):", "",
                 "| model | K | plain tokens/s | speculative tokens/s | mean acceptance length | draft step | verify step |",
