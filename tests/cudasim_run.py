@@ -33,6 +33,7 @@ from numba_kernels import cpu as kp  # noqa: E402
 from numba_kernels import cuda as kc  # noqa: E402
 from numba_kernels import dispatch  # noqa: E402
 from numba_kernels import linear as kl  # noqa: E402
+from step_compare import model_step  # noqa: E402,F401  (the model steps below)
 
 assert kc.SIMULATED
 
@@ -356,22 +357,6 @@ SIM_MODEL = dict(
     shared_expert_intermediate_size=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
     tie_word_embeddings=False, num_nextn_predict_layers=1,
 )
-
-
-def model_step(name, rows, f, ec, sc, eg, sg):
-    """One step ``f(engine, session)`` on the CPU engine and the simulated CUDA engine: the record
-    of the kernels it ran, whether the logits (on the host) and the cache digests are equal, and
-    whether the CUDA step's logits are one of its cache's mapped ring buffers the lm head stored
-    into (Engine._logits_slot)."""
-    from harness.engine.backend import host_view
-
-    kc.LAUNCHES.clear()
-    want, got = np.asarray(f(ec, sc)[0]), np.asarray(f(eg, sg)[0])  # logits come to the host
-    rings = [t for ring in sg.cache.logit_rings.values() for t in ring]
-    return dict(step=name, rows=rows, kernels=sorted(kc.LAUNCHES),
-                logits_bitwise=bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-                digest_equal=sc.cache.digest() == sg.cache.digest(),
-                mapped_logits=any(np.shares_memory(got, host_view(t.buf)) for t in rings))
 
 
 def model_steps():

@@ -48,3 +48,18 @@ def test_every_drawn_spec_loads(tmp_path):
         p.write_text(fz.rand_spec(random.Random(seed), "tiny"))
         listing = cell_listing(load_spec(str(p)))  # every point resolved against every prompt
         assert "split@" in listing and "/k" in listing, listing[:400]
+
+
+def test_device_and_sim_flags_are_checked(monkeypatch, capsys):
+    """--device without a visible GPU, and --device with --sim, stop with a one-line error (exit 2)
+    before any configuration is drawn."""
+    import pytest
+    from numba import cuda
+
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    for argv, msg in ((["--device", "--n", "1"], "--device needs a CUDA GPU"),
+                      (["--device", "--sim", "--n", "1"], "--sim and --device are two runs of the same step")):
+        with pytest.raises(SystemExit) as e:
+            fz.main(argv)
+        assert e.value.code == 2
+        assert msg in capsys.readouterr().err

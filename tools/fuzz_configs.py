@@ -2,7 +2,7 @@
 """Random Qwen3-Next / Qwen3.5 configurations, end to end on the CPU: the whole config space, not
 the tests' few models.
 
-    python tools/fuzz_configs.py --seed 1 --n 20 [--out log.jsonl] [--sim]
+    python tools/fuzz_configs.py --seed 1 --n 20 [--out log.jsonl] [--sim | --device]
 
 Each configuration is drawn from ``--seed`` (model family Qwen3-Next, Qwen3.5 dense or Qwen3.5
 MoE; 2-5 layers of random types; key/value head counts 1-4 with 1-3 value heads per key head;
@@ -27,8 +27,13 @@ sparse steps and MLP-only layers; tied or untied embeddings; odd hidden sizes). 
    steps (``decode_greedy``: each slot eager, then captured), an MTP row, and a chained K = 3
    draft step among a random draft vocabulary.
 
+With ``--device`` (a CUDA GPU) step 3 runs on the GPU instead of the simulator, in both modes: the
+real kernels -- the tensor-core ones of ``exact-bf16`` included, which the simulator replaces by
+emulations -- on shapes no test or receipt has (head dims 4-20, odd hidden sizes, conv kernels
+2-6), each step's logits and cache digest against the CPU engine.
+
 One JSON line per configuration (``--out``, and printed); exit 1 if any fails. Needs the oracle
-extra (torch, transformers); ``--sim`` runs only step 3.
+extra (torch, transformers); ``--sim`` and ``--device`` run only step 3.
 """
 
 from __future__ import annotations
@@ -180,54 +185,59 @@ def cpu_case(r, seed, root) -> dict:
     return rec
 
 
-def sim_case(r, seed) -> dict:
+def engine_case(r, seed, modes=("exact",)) -> dict:
+    """Step 3 (``--sim``) or its run on a GPU (``--device``): the CUDA engine against the CPU
+    engine, bit for bit, in each of ``modes`` (the same configuration, weights and steps)."""
     import numpy as np
 
-    import cudasim_run as cr  # the simulator tests' step comparison (and their faster block scheduler)
     from harness.engine.config import ModelConfig
     from harness.engine.model import Engine
     from harness.engine.weights import Checkpoint
     from harness.synth import random_tensors
+    from step_compare import model_step
 
     d = dict(rand_config(r), num_nextn_predict_layers=1)
     rec = {"config": d}
     cfg = ModelConfig.from_dict(d, "fuzz")
     ck = Checkpoint(cfg, random_tensors(cfg, seed=seed))
-    ec, eg = Engine(ck, "cpu"), Engine(ck, "cuda")
     P, R = r.randint(3, 70), r.randint(2, 8)
+    keep = r.randint(1, R)  # verify rows the rollback keeps
+    vocab = r.sample(range(cfg.vocab_size), r.randint(1, cfg.vocab_size))  # the draft vocabulary
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, P + R + 3)
     # room for the prime, the verify rows, three decodes, four greedy steps and a K = 3 draft
     # after a rollback that kept every verify row
     cap = P + R + 3 + 4 + 3
-    sc, sg = ec.new_session(cap), eg.new_session(cap)
     steps = []
+    for mode in modes:
+        ec, eg = Engine(ck, "cpu", mode=mode), Engine(ck, "cuda", mode=mode)
+        sc, sg = ec.new_session(cap), eg.new_session(cap)
+        tag = f"{mode} " if len(modes) > 1 else ""
 
-    def step(name, rows, f):
-        steps.append(cr.model_step(name, rows, f, ec, sc, eg, sg))
+        def step(name, rows, f):
+            steps.append(model_step(tag + name, rows, f, ec, sc, eg, sg))
 
-    step(f"prime R{P}", P, lambda e, s: e.prime_chunk(s, ids[:P]))
-    step(f"verify R{R}", R, lambda e, s: e.target_step(s, ids[P:P + R], capture=True))
-    keep = r.randint(1, R)
-    ec.rollback(sc, keep)
-    eg.rollback(sg, keep)
-    steps.append(dict(step=f"rollback {keep}", rows=None, kernels=[], logits_bitwise=None,
-                      digest_equal=sc.cache.digest() == sg.cache.digest()))
-    for j in range(3):
-        step(f"decode {j}", 1, lambda e, s: e.decode_step(s, int(ids[P + keep + j])))
-    step("greedy n4", 1, lambda e, s: (e.decode_greedy(s, int(ids[0]), 4, keep_logits=True)[1],))
-    h = np.random.default_rng(seed).standard_normal((1, cfg.hidden_size)).astype(np.float32)
-    step("mtp row", 1, lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0, logits_rows=1))
-    # chained MTP drafts among a random draft vocabulary (a first pass of two rows, K = 3)
-    vocab = r.sample(range(cfg.vocab_size), r.randint(1, cfg.vocab_size))
-    ec.set_draft_vocab(vocab)
-    eg.set_draft_vocab(vocab)
-    h2 = np.random.default_rng(seed + 1).standard_normal((2, cfg.hidden_size)).astype(np.float32)
+        step(f"prime R{P}", P, lambda e, s: e.prime_chunk(s, ids[:P]))
+        step(f"verify R{R}", R, lambda e, s: e.target_step(s, ids[P:P + R], capture=True))
+        ec.rollback(sc, keep)
+        eg.rollback(sg, keep)
+        steps.append(dict(step=f"{tag}rollback {keep}", rows=None, kernels=[], logits_bitwise=None,
+                          digest_equal=sc.cache.digest() == sg.cache.digest()))
+        for j in range(3):
+            step(f"decode {j}", 1, lambda e, s: e.decode_step(s, int(ids[P + keep + j])))
+        step("greedy n4", 1, lambda e, s: (e.decode_greedy(s, int(ids[0]), 4, keep_logits=True)[1],))
+        h = np.random.default_rng(seed).standard_normal((1, cfg.hidden_size)).astype(np.float32)
+        step("mtp row", 1, lambda e, s: e.mtp_rows(s, [int(ids[1])], h if e is ec else e.B.upload(h), 0,
+                                                   logits_rows=1))
+        # chained MTP drafts among a random draft vocabulary (a first pass of two rows, K = 3)
+        ec.set_draft_vocab(vocab)
+        eg.set_draft_vocab(vocab)
+        h2 = np.random.default_rng(seed + 1).standard_normal((2, cfg.hidden_size)).astype(np.float32)
 
-    def drafts(e, s):
-        s.cache.mtp_len = s.cache.pos - 1
-        return (np.array(e.mtp_draft(s, [int(ids[2]), int(ids[3])], h2 if e is ec else e.B.upload(h2), 3)),)
+        def drafts(e, s):
+            s.cache.mtp_len = s.cache.pos - 1
+            return (np.array(e.mtp_draft(s, [int(ids[2]), int(ids[3])], h2 if e is ec else e.B.upload(h2), 3)),)
 
-    step("drafts K3 (draft vocabulary)", 2, drafts)
+        step("drafts K3 (draft vocabulary)", 2, drafts)
     rec["steps"] = steps
     rec["ok"] = all(x["logits_bitwise"] in (None, True) and x["digest_equal"] for x in steps)
     return rec
@@ -240,25 +250,39 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     ap.add_argument("--sim", action="store_true",
                     help="the CUDA engine under Numba's simulator against the CPU engine (NUMBA_ENABLE_CUDASIM=1)")
+    ap.add_argument("--device", action="store_true",
+                    help="step 3 on the GPU: the CUDA engine against the CPU engine in both modes (exact, exact-bf16)")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be at least 1")
+    if args.sim and args.device:
+        ap.error("--sim and --device are two runs of the same step: pick one")
+    if args.device:
+        from numba import cuda
+
+        if not cuda.is_available():
+            ap.error("--device needs a CUDA GPU (none is visible here); --sim runs the same step under the simulator")
     if args.sim:
         from numba.core import config
 
         if not config.ENABLE_CUDASIM:
             ap.error("--sim needs NUMBA_ENABLE_CUDASIM=1 in the environment (set before numba is imported)")
         sys.setswitchinterval(1e-4)  # the simulator's threads meet at barriers
+        import cudasim_blocks  # the simulator tests' faster block scheduler
+
+        cudasim_blocks.install()
     bad = 0
     with tempfile.TemporaryDirectory() as root:
         for seed in range(args.seed, args.seed + args.n):
             r = random.Random(seed)
             t0 = time.perf_counter()
             try:
-                rec = sim_case(r, seed) if args.sim else cpu_case(r, seed, root)
+                rec = engine_case(r, seed) if args.sim else engine_case(r, seed, ("exact", "exact-bf16")) \
+                    if args.device else cpu_case(r, seed, root)
             except Exception:  # noqa: BLE001  (a failure is a finding: recorded, the run goes on)
                 rec = {"ok": False, "exception": traceback.format_exc()[-3000:]}
-            rec = {"seed": seed, "kind": "sim" if args.sim else "cpu", "s": round(time.perf_counter() - t0, 1), **rec}
+            kind = "sim" if args.sim else "device" if args.device else "cpu"
+            rec = {"seed": seed, "kind": kind, "s": round(time.perf_counter() - t0, 1), **rec}
             bad += not rec["ok"]
             line = json.dumps(rec)
             print(line, flush=True)
