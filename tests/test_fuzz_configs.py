@@ -4,6 +4,7 @@ session's work, not CI's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -63,3 +64,25 @@ def test_device_and_sim_flags_are_checked(monkeypatch, capsys):
             fz.main(argv)
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_wide_draws_load_and_cross_the_kernel_thresholds():
+    """--wide's draws: configs the loader takes, reaching head dims past 256, 17 query heads a KV
+    head, hidden sizes with K % 16 == 8; the small draws are not changed by the option (the same
+    seeds give the configurations earlier runs recorded)."""
+    from harness.engine.config import ModelConfig
+
+    hds, reps, odd16 = set(), set(), False
+    for seed in range(200):
+        d = fz.rand_config(random.Random(seed), wide=True)
+        ModelConfig.from_dict(dict(d, num_nextn_predict_layers=1), f"wide draw {seed}")
+        hds.add(d["head_dim"])
+        reps.add(d["num_attention_heads"] // d["num_key_value_heads"])
+        odd16 |= d["hidden_size"] % 16 == 8
+    assert 272 in hds and 17 in reps and odd16
+    # the configurations a GPU run recorded before --wide existed (fuzz_configs at 4a4ef7a)
+    rec = os.path.join(ROOT, "receipts", "probes", "h100-fuzz-device-4a4ef7a", "fuzz-9900.jsonl")
+    with open(rec, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            assert dict(fz.rand_config(random.Random(r["seed"])), num_nextn_predict_layers=1) == r["config"], r["seed"]

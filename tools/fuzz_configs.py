@@ -2,7 +2,7 @@
 """Random Qwen3-Next / Qwen3.5 configurations, end to end on the CPU: the whole config space, not
 the tests' few models.
 
-    python tools/fuzz_configs.py --seed 1 --n 20 [--out log.jsonl] [--sim | --device]
+    python tools/fuzz_configs.py --seed 1 --n 20 [--out log.jsonl] [--sim | --device [--wide]]
 
 Each configuration is drawn from ``--seed`` (model family Qwen3-Next, Qwen3.5 dense or Qwen3.5
 MoE; 2-5 layers of random types; key/value head counts 1-4 with 1-3 value heads per key head;
@@ -30,7 +30,9 @@ sparse steps and MLP-only layers; tied or untied embeddings; odd hidden sizes). 
 With ``--device`` (a CUDA GPU) step 3 runs on the GPU instead of the simulator, in both modes: the
 real kernels -- the tensor-core ones of ``exact-bf16`` included, which the simulator replaces by
 emulations -- on shapes no test or receipt has (head dims 4-20, odd hidden sizes, conv kernels
-2-6), each step's logits and cache digest against the CPU engine.
+2-6), each step's logits and cache digest against the CPU engine. ``--wide`` draws real models'
+layer sizes instead (head dims 64-272, hidden sizes 256-2,056, up to 17 query heads a KV head,
+primes up to 300 rows).
 
 One JSON line per configuration (``--out``, and printed); exit 1 if any fails. Needs the oracle
 extra (torch, transformers); ``--sim`` and ``--device`` run only step 3.
@@ -57,8 +59,9 @@ REF_TOL = 1e-9  # float64 reference vs HF in float64, of max |logit|: 4e-16-4.1e
 ENG_TOL = 1e-4  # float32 engine vs the float64 reference, of max |logit|: 2e-7-1.3e-5 measured; harness oracle's default bound
 
 
-def rand_config(r: random.Random) -> dict:
-    """An HF config.json dict drawn from ``r`` (see the module docstring)."""
+def rand_config(r: random.Random, wide: bool = False) -> dict:
+    """An HF config.json dict drawn from ``r`` (see the module docstring). ``wide``: the sizes of
+    real models' layers instead of the small ones (``--wide``; the same draws otherwise)."""
     fam = r.choice(["qwen3_next"] * 3 + ["qwen3_5_text", "qwen3_5_moe_text"])
     L = r.randint(2, 5)
     types = [r.choice([LIN, LIN, FULL]) for _ in range(L)]
@@ -69,28 +72,36 @@ def rand_config(r: random.Random) -> dict:
             types[r.randrange(L)] = LIN
     hk = r.randint(1, 4)
     kv = r.randint(1, 3)
-    hd = r.choice([4, 8, 12, 16, 20])
+    hd = r.choice([64, 96, 128, 256, 272] if wide else [4, 8, 12, 16, 20])
     prf = r.choice([0.25, 0.5, 1.0])
     while int(hd * prf) % 2:
         prf = r.choice([0.5, 1.0])
     rope = {"rope_type": "default", "rope_theta": r.choice([10000.0, 1e6]), "partial_rotary_factor": prf}
-    d = dict(vocab_size=r.randint(60, 140), hidden_size=r.choice([16, 24, 30, 32, 36, 40, 44]),
+    # (small, wide): the sizes drawn; wide ones cross the kernels' thresholds -- head dims past
+    # 256 (the split-KV tensor-core kernel's limit), 17 query heads a KV head (two MMA head
+    # groups), rows of K % 16 == 8, several 64-key tiles and prime chunks
+    z = {"vocab": ((60, 140), (300, 3000)), "hidden": ([16, 24, 30, 32, 36, 40, 44], [256, 264, 520, 1000, 1024, 2056]),
+         "dk": ([4, 6, 8, 12, 16], [64, 96, 128]), "dv": ([4, 6, 8, 10, 12], [64, 96, 128]),
+         "rep": ([1, 2, 3, 4], [1, 2, 4, 8, 17]), "inter": ([20, 28, 40, 44, 56], [512, 1000, 2048, 2824]),
+         "inter_next": ([20, 40], [520, 1024]), "moe": ([8, 12, 16], [128, 264]), "shared": ([8, 16, 20], [256, 520])}
+    z = {k: v[1] if wide else v[0] for k, v in z.items()}
+    d = dict(vocab_size=r.randint(*z["vocab"]), hidden_size=r.choice(z["hidden"]),
              num_hidden_layers=L, layer_types=types,
              linear_num_key_heads=hk, linear_num_value_heads=hk * r.choice([1, 1, 2, 3]),
-             linear_key_head_dim=r.choice([4, 6, 8, 12, 16]), linear_value_head_dim=r.choice([4, 6, 8, 10, 12]),
+             linear_key_head_dim=r.choice(z["dk"]), linear_value_head_dim=r.choice(z["dv"]),
              linear_conv_kernel_dim=r.choice([2, 3, 4, 5, 6]),
-             num_attention_heads=kv * r.choice([1, 2, 3, 4]), num_key_value_heads=kv, head_dim=hd,
+             num_attention_heads=kv * r.choice(z["rep"]), num_key_value_heads=kv, head_dim=hd,
              rope_parameters=rope, rms_norm_eps=r.choice([1e-6, 1e-5]), tie_word_embeddings=r.random() < 0.4)
     moe = fam == "qwen3_5_moe_text" or (fam == "qwen3_next" and r.random() < 0.5)
     if fam == "qwen3_5_text" or (fam == "qwen3_next" and not moe):
-        d["intermediate_size"] = r.choice([20, 28, 40, 44, 56])
+        d["intermediate_size"] = r.choice(z["inter"])
     if fam == "qwen3_next":
-        d["intermediate_size"] = d.get("intermediate_size", r.choice([20, 40]))
+        d["intermediate_size"] = d.get("intermediate_size", r.choice(z["inter_next"]))
         d["num_experts"] = 0
     if moe:
         E = r.randint(2, 8)
-        d.update(num_experts=E, num_experts_per_tok=r.randint(1, min(4, E)), moe_intermediate_size=r.choice([8, 12, 16]),
-                 shared_expert_intermediate_size=r.choice([8, 16, 20]))
+        d.update(num_experts=E, num_experts_per_tok=r.randint(1, min(4, E)), moe_intermediate_size=r.choice(z["moe"]),
+                 shared_expert_intermediate_size=r.choice(z["shared"]))
         if fam == "qwen3_next":
             d.update(norm_topk_prob=r.random() < 0.5, decoder_sparse_step=r.randint(1, 2),
                      mlp_only_layers=sorted(r.sample(range(L), r.randint(0, 1))))
@@ -185,9 +196,10 @@ def cpu_case(r, seed, root) -> dict:
     return rec
 
 
-def engine_case(r, seed, modes=("exact",)) -> dict:
+def engine_case(r, seed, modes=("exact",), wide=False) -> dict:
     """Step 3 (``--sim``) or its run on a GPU (``--device``): the CUDA engine against the CPU
-    engine, bit for bit, in each of ``modes`` (the same configuration, weights and steps)."""
+    engine, bit for bit, in each of ``modes`` (the same configuration, weights and steps);
+    ``wide``: rand_config's wide sizes and primes up to 300 rows."""
     import numpy as np
 
     from harness.engine.config import ModelConfig
@@ -196,11 +208,11 @@ def engine_case(r, seed, modes=("exact",)) -> dict:
     from harness.synth import random_tensors
     from step_compare import model_step
 
-    d = dict(rand_config(r), num_nextn_predict_layers=1)
+    d = dict(rand_config(r, wide), num_nextn_predict_layers=1)
     rec = {"config": d}
     cfg = ModelConfig.from_dict(d, "fuzz")
     ck = Checkpoint(cfg, random_tensors(cfg, seed=seed))
-    P, R = r.randint(3, 70), r.randint(2, 8)
+    P, R = r.randint(3, 300 if wide else 70), r.randint(2, 8)
     keep = r.randint(1, R)  # verify rows the rollback keeps
     vocab = r.sample(range(cfg.vocab_size), r.randint(1, cfg.vocab_size))  # the draft vocabulary
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, P + R + 3)
@@ -252,11 +264,16 @@ def main(argv=None) -> int:
                     help="the CUDA engine under Numba's simulator against the CPU engine (NUMBA_ENABLE_CUDASIM=1)")
     ap.add_argument("--device", action="store_true",
                     help="step 3 on the GPU: the CUDA engine against the CPU engine in both modes (exact, exact-bf16)")
+    ap.add_argument("--wide", action="store_true",
+                    help="with --device: real models' layer sizes (head dims 64-272, hidden 256-2,056, up to 17 "
+                         "query heads a KV head, primes up to 300 rows)")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be at least 1")
     if args.sim and args.device:
         ap.error("--sim and --device are two runs of the same step: pick one")
+    if args.wide and not args.device:
+        ap.error("--wide runs with --device only (the simulator and the CPU oracle would take hours a model)")
     if args.device:
         from numba import cuda
 
@@ -277,11 +294,11 @@ def main(argv=None) -> int:
             r = random.Random(seed)
             t0 = time.perf_counter()
             try:
-                rec = engine_case(r, seed) if args.sim else engine_case(r, seed, ("exact", "exact-bf16")) \
+                rec = engine_case(r, seed) if args.sim else engine_case(r, seed, ("exact", "exact-bf16"), args.wide) \
                     if args.device else cpu_case(r, seed, root)
             except Exception:  # noqa: BLE001  (a failure is a finding: recorded, the run goes on)
                 rec = {"ok": False, "exception": traceback.format_exc()[-3000:]}
-            kind = "sim" if args.sim else "device" if args.device else "cpu"
+            kind = "sim" if args.sim else ("device-wide" if args.wide else "device") if args.device else "cpu"
             rec = {"seed": seed, "kind": kind, "s": round(time.perf_counter() - t0, 1), **rec}
             bad += not rec["ok"]
             line = json.dumps(rec)
