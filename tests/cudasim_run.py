@@ -33,7 +33,7 @@ from numba_kernels import cpu as kp  # noqa: E402
 from numba_kernels import cuda as kc  # noqa: E402
 from numba_kernels import dispatch  # noqa: E402
 from numba_kernels import linear as kl  # noqa: E402
-from step_compare import model_step  # noqa: E402,F401  (the model steps below)
+from step_compare import model_step  # noqa: E402  (the model steps below)
 
 assert kc.SIMULATED
 

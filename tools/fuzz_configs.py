@@ -288,17 +288,17 @@ def main(argv=None) -> int:
         import cudasim_blocks  # the simulator tests' faster block scheduler
 
         cudasim_blocks.install()
+    modes = ("exact",) if args.sim else ("exact", "exact-bf16")  # step 3's modes (--sim, --device)
+    kind = "sim" if args.sim else "device-wide" if args.wide else "device" if args.device else "cpu"
     bad = 0
     with tempfile.TemporaryDirectory() as root:
         for seed in range(args.seed, args.seed + args.n):
             r = random.Random(seed)
             t0 = time.perf_counter()
             try:
-                rec = engine_case(r, seed) if args.sim else engine_case(r, seed, ("exact", "exact-bf16"), args.wide) \
-                    if args.device else cpu_case(r, seed, root)
+                rec = cpu_case(r, seed, root) if kind == "cpu" else engine_case(r, seed, modes, args.wide)
             except Exception:  # noqa: BLE001  (a failure is a finding: recorded, the run goes on)
                 rec = {"ok": False, "exception": traceback.format_exc()[-3000:]}
-            kind = "sim" if args.sim else ("device-wide" if args.wide else "device") if args.device else "cpu"
             rec = {"seed": seed, "kind": kind, "s": round(time.perf_counter() - t0, 1), **rec}
             bad += not rec["ok"]
             line = json.dumps(rec)
