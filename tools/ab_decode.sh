@@ -4,6 +4,9 @@
 # from two calls are not comparable (each call may start another machine).
 #   here:   bash tools/ab_decode.sh --pack REV          # writes ab-base.tgz (REV's code, small)
 #   device: bash tools/ab_decode.sh OUTDIR [decode_profile options, e.g. --mode exact-bf16 --rows 1,5]
+#           TOOL=probe_draft bash tools/ab_decode.sh OUTDIR [probe_draft options, e.g. --sizes 32768 --ks 1,3]
+# (TOOL=probe_draft: the draft step of tools/probe_draft.py instead, --out given here; it prints
+# both trees' draft steps per vocabulary and K, and exits 0 when this tree's are all faster.)
 # ab-base.tgz is git-ignored: the device call carries it (the run tool's carry: ["ab-base.tgz"]). Writes
 # OUTDIR/{base,this}.{json,log} and prints, per row count, both whole-step times. Exit 0 when this
 # tree's step is faster at every row count and each captured step equals the same step run eagerly
@@ -24,13 +27,29 @@ export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2  # absolute: the base side runs in another directory
 base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2
 here=$PWD
+tool=${TOOL:-decode_profile}
+case $tool in decode_profile|probe_draft) ;; *) echo "tools/ab_decode.sh: TOOL must be decode_profile or probe_draft, not $tool" >&2; exit 2;; esac
 for side in base this; do
   dir=$here; [ $side = base ] && dir=$base
-  (cd "$dir" && timeout "${T:-200}" python tools/decode_profile.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
+  (cd "$dir" && PYTHONPATH=. timeout "${T:-200}" python tools/$tool.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
   rc=$?
-  echo "$side: decode_profile exit $rc"
+  echo "$side: $tool exit $rc"
   [ $rc = 0 ] || { tail -n 3 "$out/$side.log"; exit 2; }
 done
+if [ $tool = probe_draft ]; then
+python3 - "$out/base.json" "$out/this.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"device: {b.get('device', 'not recorded')}; stepwise decode {a['decode_512_stepwise_ms']:.3f} / {b['decode_512_stepwise_ms']:.3f} ms")
+ok = True
+for ra, rb in zip(a["rows"], b["rows"]):
+    ok = ok and rb["draft_step_ms"] < ra["draft_step_ms"]
+    print(f"N={ra['draft_vocab']} K={ra['k']}: base {ra['draft_step_ms']:.3f} ms ({ra['over_decode']:.3f} x), "
+          f"this {rb['draft_step_ms']:.3f} ms ({rb['over_decode']:.3f} x); issued after {ra['issue_ms']:.3f} / {rb['issue_ms']:.3f} ms")
+sys.exit(0 if ok else 1)
+PY
+exit $?
+fi
 python3 - "$out/base.json" "$out/this.json" <<'PY'
 import json, sys
 docs = [json.load(open(p)) for p in sys.argv[1:3]]

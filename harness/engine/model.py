@@ -500,7 +500,8 @@ class Engine:
 
     def _trunk_body(self, c, ids_dev, R, n, start, pos, capture, caps, flags, dst=None):
         """The trunk's launches (no copies): returns views of the logits [n, V] (in the
-        workspace, or ``dst``'s mapped buffer: :meth:`_logits_slot`), of the final-normed hidden
+        workspace, ``dst``'s mapped buffer -- :meth:`_logits_slot` -- or ``dst``, a device
+        array [n, V]), of the final-normed hidden
         rows [R, H] and of the last of them [1, H] (taken once per capture, not per replay: a
         device array's view costs tens of µs of host time)."""
         cfg, ops = self.cfg, self.ops
@@ -519,7 +520,8 @@ class Engine:
 
     def _lm_head(self, hf, R, n, flags, slot, dst, head=None):
         """The lm head of the last ``n`` of the step's ``R`` normed rows ``hf``: the logits [n, V]
-        (a view of the workspace, or of ``dst``'s mapped buffer: :meth:`_logits_slot`), checked
+        (a view of the workspace, of ``dst``'s mapped buffer -- :meth:`_logits_slot` -- or of
+        ``dst``, a device array), checked
         for NaN/Inf into ``flags[slot]`` when ``flags`` is given -- by the op that computes them
         where :meth:`_fused` (``linear_flag``: the GEMV as it stores them), by a second pass
         otherwise; the rows' packed twin (:meth:`xp`) handed to the GEMM in exact-bf16.
@@ -527,7 +529,7 @@ class Engine:
         vocabulary's rows), with its own workspace: a capture holds its buffers' addresses."""
         ops = self.ops
         weight, width, name = head or (self.lm_head, self.cfg.vocab_size, "logits")
-        logits = self.ws(name, n, width) if dst is None else dst.dev
+        logits = self.ws(name, n, width) if dst is None else getattr(dst, "dev", dst)
         hx = self.xp("hf", R, self.cfg.hidden_size)
         hx = None if hx is None else hx[R - n:]
         if flags is not None and self._fused():
@@ -582,9 +584,11 @@ class Engine:
         the pick on the device (op ``greedy_pick``): its last kernel writes the next step's
         token and position, so step t + 1 is issued before the host waits for step t, and the
         host's work of a step (reading the pick and the NaN/Inf flags, taking the logits)
-        overlaps the device's. Each step has its own flags, pick and pinned logits buffer, one
-        of two that alternate; on a GPU each is captured once per cache (``("greedy", slot)``)
-        and replayed. A NaN/Inf raises :class:`NumericError` as :meth:`decode_step` does, once
+        overlaps the device's. Each step has its own flags, pick and logits buffers (on the
+        device and pinned), one of two slots that alternate; on a GPU each is captured once per
+        cache (``("greedy", slot)``) and replayed, and with ``keep_logits`` a step's logits
+        cross to the host on a copy stream of their own while the next step runs
+        (:meth:`~.backend.CudaBackend.download_async`). A NaN/Inf raises :class:`NumericError` as :meth:`decode_step` does, once
         the step issued after it is done too (the session is unusable then either way). A call
         stopped part-way by anything else (an interrupt, a failed launch) waits for the steps
         it issued, sets the cache's position to them and leaves the session refusing
@@ -600,7 +604,7 @@ class Engine:
             return self._greedy_stepwise(sess, tok, n, keep_logits)
         c, B, ch = sess.cache, self.B, self._chain()
         start = c.pos
-        io, picked, flags, pin, ev = ch["io"], ch["picked"], ch["flags"], ch["pin"], ch["ev"]
+        io, picked, flags, pin, ev, got = ch["io"], ch["picked"], ch["flags"], ch["pin"], ch["ev"], ch["got"]
         B.copy_into(io, np.array([start, tok], np.int32))
         out = np.empty((n, self.cfg.vocab_size), F32) if keep_logits else None
         picks, last = [], None
@@ -618,6 +622,7 @@ class Engine:
                 raise NumericError(f"{where} produced NaN or Inf (the session's cache is now unusable)")
             picks.append(int(ch["picked_host"][s]))
             if out is not None:
+                B.wait(got[s])  # its logits' copy (behind the step, beside the next one)
                 out[t] = pin[s][0]
 
         issued = 0
@@ -629,7 +634,8 @@ class Engine:
                     ch["flags_host"][s][...] = 0  # step t - 2, its last user, was waited for
 
                 def body(at, pos, s=s, fl=fl):
-                    logits, _, last_row = self._trunk_body(c, ch["ids"], 1, 1, at, pos, False, None, fl)
+                    logits, _, last_row = self._trunk_body(c, ch["ids"], 1, 1, at, pos, False, None, fl,
+                                                           ch["logits"][s])
                     self.ops.greedy_pick(logits, io, picked, s)
                     return logits, last_row
 
@@ -638,9 +644,9 @@ class Engine:
                 logits, last = self.steps.run_chained(
                     c, key, body, start + t, ch["pos"],
                     lambda: [c, self.cos, self.sin, io, picked, self._no_flags, *(flags or ()), *self._ws.values()])
-                if out is not None:
-                    B.download_async(pin[s], logits)
                 B.record(ev[s])
+                if out is not None:  # step t + 2, the next to write this slot's logits, is
+                    B.download_async(pin[s], logits, got[s])  # issued after finish(t) waited for this
                 if t:
                     finish(t - 1)
             c.pos = start + n
@@ -669,14 +675,17 @@ class Engine:
     def _chain(self):
         """:meth:`decode_greedy`'s buffers, made once: the chained steps' int32 [position, token]
         on the device (``io``, and its two views), the two slots' picks and NaN/Inf flags (mapped
-        host memory the kernels write), pinned logits buffers and events."""
+        host memory the kernels write), their logits on the device (a slot's own: its copy to
+        the host runs beside the other slot's step) and on the host (pinned), and events (a
+        step done; its logits' copy done)."""
         ch = self.__dict__.get("_chain_bufs")
         if ch is None:
             B, V = self.B, self.cfg.vocab_size
             io = B.zeros((2,), np.int32)
             picked = B.mapped_zeros((2,), np.int32)
             ch = dict(io=io, pos=io[0:1], ids=io[1:2], picked=picked, picked_host=host_view(picked),
-                      pin=[B.pinned_empty((1, V)) for _ in range(2)], ev=[B.event() for _ in range(2)], flags=None)
+                      logits=[B.empty((1, V)) for _ in range(2)], pin=[B.pinned_empty((1, V)) for _ in range(2)],
+                      ev=[B.event() for _ in range(2)], got=[B.event() for _ in range(2)], flags=None)
             if self.check_finite:  # one slot per layer and the lm head, as :meth:`_flags`
                 ch["flags"] = [B.mapped_zeros((len(self.layers) + 3,), np.int32) for _ in range(2)]
                 ch["flags_host"] = [host_view(f) for f in ch["flags"]]
