@@ -355,13 +355,28 @@ def decode_ms(eng, sess, n=32, warmup=None, chained=True):
         eng.decode_greedy(sess, picks[-1], n, keep_logits=True)
         eng.B.synchronize()
         return (time.perf_counter() - t0) / n * 1e3
+    return float(np.mean(stepwise_steps_ms(eng, sess, n, warmup)))
+
+
+def stepwise_steps_ms(eng, sess, n=32, warmup=None):
+    """:func:`decode_ms`'s stepwise decode, each step timed alone: the milliseconds of each of the
+    ``n`` :meth:`Engine.decode_step` calls with numpy's argmax after it (the calls
+    ``Engine._greedy_stepwise`` makes), the host waiting for each. Its mean is the stepwise
+    ms/token; its median is the goals' "one decode step" (the draft and verify steps are medians
+    of their calls too): a bench at ecb35dd had a mean of 2.066 ms where the same tree's step took
+    1.40-1.46 ms in four other processes, and one slow stretch moves a mean of 32 steps."""
+    from ..engine.model import LOGIT_RING
+
     warmup = 2 * (LOGIT_RING + 1) if warmup is None else warmup
-    picks = eng._greedy_stepwise(sess, 1, warmup, False)[0] if warmup else []
+    tok = eng._greedy_stepwise(sess, 1, warmup, False)[0][-1] if warmup else 1
     eng.B.synchronize()
-    t0 = time.perf_counter()
-    eng._greedy_stepwise(sess, picks[-1] if picks else 1, n, False)
-    eng.B.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        logits, _ = eng.decode_step(sess, tok)
+        tok = int(np.argmax(logits))
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 def chained_equals_stepwise(eng, make_session, n=16, token=1):
@@ -385,9 +400,13 @@ def _primed(eng, ids):
 
 def decode_figures(eng, make_session, reps=1):
     """The decode figures of one engine at one context: chained (the median of ``reps`` runs),
-    stepwise, and whether the two are bitwise the same decode."""
+    stepwise (the mean of its steps, and their median, least and most: :func:`stepwise_steps_ms`),
+    and whether the two are bitwise the same decode."""
+    steps = stepwise_steps_ms(eng, make_session())
     return {"decode_512_ms_per_token": _median([decode_ms(eng, make_session()) for _ in range(reps)]),
-            "decode_512_stepwise_ms_per_token": decode_ms(eng, make_session(), chained=False),
+            "decode_512_stepwise_ms_per_token": float(np.mean(steps)),
+            "decode_512_stepwise_step_ms": {"median": _median(steps), "min": float(min(steps)),
+                                            "max": float(max(steps)), "steps": len(steps)},
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 

@@ -208,9 +208,11 @@ def goals_block(r: dict) -> dict:
     g["decode_32k_over_floor"] = _goal(over_floor("decode_32k_ms_per_token"), "<= 2 x floor", lambda v: v <= 2.0)
     spec = {k: v for k, v in (m.get("spec") or {}).items() if isinstance(v, dict)}
     # a verify or draft step is timed alone, the host waiting for it: against one decode step
-    # timed alike (stepwise: decode_step calls, the host's argmax between them), where the JSON
-    # has it (before 2026-12-05 the one decode figure was that)
-    dec = _num(m.get("decode_512_stepwise_ms_per_token")) or _num(m.get("decode_512_ms_per_token"))
+    # timed alike (stepwise: decode_step calls, the host's argmax between them) -- the median of
+    # its steps where the JSON has them (the draft and verify figures are medians too; from
+    # 2026-12-06), else their mean, else (before 2026-12-05) the one decode figure there was
+    dec = (_num(_sub(m, "decode_512_stepwise_step_ms").get("median")) or _num(m.get("decode_512_stepwise_ms_per_token"))
+           or _num(m.get("decode_512_ms_per_token")))
     verify = [_num(v.get("verify_step_ms")) for k, v in sorted(spec.items()) if int(k[1:]) + 1 <= 5]
     verify = [v for v in verify if v is not None]
     g["verify_step_over_decode"] = _goal(max(verify) / dec if verify and dec else None,
