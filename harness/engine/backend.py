@@ -349,9 +349,11 @@ class CudaBackend:
         tells when ``dst`` holds it (under the simulator: copied at once). The copy runs on this
         host thread's copy stream (non-blocking: it does not hold back the launch stream), which
         waits for an event recorded on the launch stream -- so launches issued after this call
-        run beside the copy. A chained decode step's logits (608 KB on bench-8l) took ~20-30 µs
-        of the launch stream between two steps when copied there. The caller must not let a
-        later launch write ``src`` before ``done``."""
+        run beside the copy. Copied on the launch stream, between two steps, a chained decode
+        step's logits (608 KB on bench-8l) made each step 10.6 µs (exact-bf16) and 14.0 µs
+        (exact) longer on an H100 (``tools/ab_decode.sh``,
+        ``receipts/probes/h100-ab-logits-stream-6e110eb/``). The caller must not let a later
+        launch write ``src`` before ``done``."""
         if self._drv is None:
             dst[...] = src.copy_to_host()
             return
