@@ -68,8 +68,20 @@ def test_the_probe_on_the_cpu_twin(tmp_path, capsys):
     assert "without add_rmsnorm" in capsys.readouterr().out
 
 
+def test_the_draft_pass_probe_on_the_cpu_twin(tmp_path):
+    out = tmp_path / "d.json"
+    rc = pm.main(["--out", str(out), "--backend", "cpu", "--model", default_model_path(), "--ctx", "8",
+                  "--reps", "1", "--step", "draft", "--draft-vocab", "64", "--ops", "greedy_pick,small"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["step"] == "draft" and r["draft_vocab"] == 64 and r["base_us"] > 0
+    assert r["ops"]["greedy_pick"]["calls_a_step"] == 1  # one pick a pass
+    assert r["ops"]["small"]["calls_a_step"] > r["ops"]["greedy_pick"]["calls_a_step"]
+
+
 @pytest.mark.parametrize("args, msg", [(["--ops", "rmsnorm,nope"], "unknown op 'nope'"),
-                                       (["--reps", "0"], "--reps and --ctx must be positive")])
+                                       (["--reps", "0"], "--reps and --ctx must be positive"),
+                                       (["--step", "draft", "--ops", "conv1d_silu"], "unknown op 'conv1d_silu'")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, msg):
     assert pm.main(["--out", str(tmp_path / "m.json"), "--backend", "cpu", "--model", default_model_path()] + args) == 2
     err = capsys.readouterr().err.strip()
