@@ -75,24 +75,7 @@ def step_us(eng, sess, reps):
     for _ in range(3):  # eager, capture, replay
         eng.decode_step(sess, 1)
     graphs = [g for k, g in sess.cache.graphs.items() if k[0] == "trunk" and k[1] == 1]
-    B = eng.B
-    B.synchronize()
-    if not graphs:  # no capture (cpu): the eager step, host-timed
-        t = time.perf_counter()
-        for _ in range(reps):
-            eng.decode_step(sess, 1)
-        return (time.perf_counter() - t) / reps * 1e6
-    from numba import cuda
-
-    graph = graphs[-1][0]
-    e0, e1 = cuda.event(), cuda.event()
-    graph.replay()  # warm
-    e0.record()
-    for _ in range(reps):
-        graph.replay()
-    e1.record()
-    e1.synchronize()
-    return cuda.event_elapsed_time(e0, e1) / reps * 1e3
+    return replays_us(eng, graphs, reps, lambda: eng.decode_step(sess, 1))
 
 
 def draft_pass_us(eng, sess, reps):
@@ -111,18 +94,24 @@ def draft_pass_us(eng, sess, reps):
     for _ in range(3):
         draft()
     graphs = [g for k, g in sess.cache.graphs.items() if k[0] == "draft+" and k[-1] == DRAFT_K - 1]
-    B = eng.B
-    B.synchronize()
-    if not graphs:  # no capture (cpu)
+    return replays_us(eng, graphs, reps, draft)
+
+
+def replays_us(eng, graphs, reps, eager):
+    """µs a replay of the last of ``graphs`` (captures: (graph, ...)), ``reps`` replays back to back
+    between two events after one untimed; with none (the CPU captures nothing), µs a call of
+    ``eager``, host-timed."""
+    eng.B.synchronize()
+    if not graphs:
         t = time.perf_counter()
         for _ in range(reps):
-            draft()
+            eager()
         return (time.perf_counter() - t) / reps * 1e6
     from numba import cuda
 
     graph = graphs[-1][0]
     e0, e1 = cuda.event(), cuda.event()
-    graph.replay()
+    graph.replay()  # warm
     e0.record()
     for _ in range(reps):
         graph.replay()
