@@ -484,8 +484,9 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
     assert back["primewalk"]["bf16"]["decode_bytes"] < 0.6 * back["weights_bytes_decode"]
     for part in (back["primewalk"], back["primewalk"]["bf16"]):  # the chained decode beside the stepwise one
         assert part["decode_chained_equals_stepwise"] is True and part["decode_512_stepwise_ms_per_token"] > 0
-        st = part["decode_512_stepwise_step_ms"]  # ... and its steps' spread
+        st = part["decode_512_stepwise_step_ms"]  # ... and its steps' spread, the host's pace beside it
         assert st["steps"] == 32 and 0 < st["min"] <= st["median"] <= st["max"], st
+        assert st["host_pace"]["argmax_us"] > 0 and st["host_pace"]["py_loop_us"] > 0, st
         assert st["min"] <= part["decode_512_stepwise_ms_per_token"] <= st["max"]
     assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
     assert "goal prime_4096_vs_hf_fp32" in bench.table(back)

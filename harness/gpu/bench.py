@@ -358,6 +358,29 @@ def decode_ms(eng, sess, n=32, warmup=None, chained=True):
     return float(np.mean(stepwise_steps_ms(eng, sess, n, warmup)))
 
 
+def host_pace(reps=15):
+    """How fast this host runs a stepwise step's own work, to tell a slow host from a slow step in a
+    run's figures: µs of numpy's argmax over a bench-8l logits row (151,936 float32 values) and of
+    a Python loop of 10,000 additions, each the median of ``reps`` runs."""
+    row = np.random.default_rng(0).standard_normal(BENCH_8L["vocab_size"]).astype(np.float32)
+
+    def us(fn):
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return _median(ts)
+
+    def loop():
+        x = 0
+        for i in range(10_000):
+            x += i
+        return x
+
+    return {"argmax_us": us(lambda: int(np.argmax(row))), "py_loop_us": us(loop)}
+
+
 def stepwise_steps_ms(eng, sess, n=32, warmup=None):
     """:func:`decode_ms`'s stepwise decode, each step timed alone: the milliseconds of each of the
     ``n`` :meth:`Engine.decode_step` calls with numpy's argmax after it (the calls
@@ -403,11 +426,13 @@ def decode_figures(eng, make_session, reps=1):
     stepwise (the mean of its steps, and their median, least and most: :func:`stepwise_steps_ms`),
     and whether the two are bitwise the same decode."""
     chained = _median([decode_ms(eng, make_session()) for _ in range(reps)])  # first, as before
-    steps = stepwise_steps_ms(eng, make_session())
+    sess = make_session()
+    pace = host_pace()  # the stepwise steps wait on the host: its pace right before them
+    steps = stepwise_steps_ms(eng, sess)
     return {"decode_512_ms_per_token": chained,
             "decode_512_stepwise_ms_per_token": float(np.mean(steps)),
             "decode_512_stepwise_step_ms": {"median": _median(steps), "min": float(min(steps)),
-                                            "max": float(max(steps)), "steps": len(steps)},
+                                            "max": float(max(steps)), "steps": len(steps), "host_pace": pace},
             "decode_chained_equals_stepwise": chained_equals_stepwise(eng, make_session)}
 
 
