@@ -11,11 +11,17 @@ def graph_us(launch, reps: int, replays: int = 3) -> float:
     ``replays`` times between two events. Launched one by one from Python the GPU would wait on
     the host (a numba launch costs ~90 µs of host time on the H200's machine, more than a
     2,048-output GEMV runs)."""
-    from numba import cuda
-
     from numba_kernels import cuda as kc
 
     graph, _ = kc.capture(lambda: [launch(i) for i in range(reps)])
+    return replayed_us(graph, replays) / reps
+
+
+def replayed_us(graph, replays: int) -> float:
+    """µs of device time per replay of a captured ``graph``: replayed once to warm up, then
+    ``replays`` times back to back between two events."""
+    from numba import cuda
+
     graph.replay()
     cuda.synchronize()
     start, stop = cuda.event(), cuda.event()
@@ -24,7 +30,7 @@ def graph_us(launch, reps: int, replays: int = 3) -> float:
         graph.replay()
     stop.record()
     stop.synchronize()
-    return cuda.event_elapsed_time(start, stop) / (replays * reps) * 1e3
+    return cuda.event_elapsed_time(start, stop) / replays * 1e3
 
 
 def sm_clocks(run=subprocess.run):

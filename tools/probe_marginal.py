@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from _timing import replayed_us  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 # the ops of a decode step besides the GEMVs (harness/engine/model.py)
@@ -107,17 +108,7 @@ def replays_us(eng, graphs, reps, eager):
         for _ in range(reps):
             eager()
         return (time.perf_counter() - t) / reps * 1e6
-    from numba import cuda
-
-    graph = graphs[-1][0]
-    e0, e1 = cuda.event(), cuda.event()
-    graph.replay()  # warm
-    e0.record()
-    for _ in range(reps):
-        graph.replay()
-    e1.record()
-    e1.synchronize()
-    return cuda.event_elapsed_time(e0, e1) / reps * 1e3
+    return replayed_us(graphs[-1][0], reps)
 
 
 def main(argv=None) -> int:

@@ -363,14 +363,10 @@ def host_pace(reps=15):
     run's figures: µs of numpy's argmax over a bench-8l logits row (151,936 float32 values) and of
     a Python loop of 10,000 additions, each the median of ``reps`` runs."""
     row = np.random.default_rng(0).standard_normal(BENCH_8L["vocab_size"]).astype(np.float32)
+    timer = Timer(lambda: None)  # host work only: nothing to wait for
 
     def us(fn):
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e6)
-        return _median(ts)
+        return timer(fn, reps=reps, warmup=0) * 1e6
 
     def loop():
         x = 0
