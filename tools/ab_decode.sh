@@ -45,7 +45,7 @@ ok = True
 for ra, rb in zip(a["rows"], b["rows"]):
     ok = ok and rb["draft_step_ms"] < ra["draft_step_ms"]
     print(f"N={ra['draft_vocab']} K={ra['k']}: base {ra['draft_step_ms']:.3f} ms ({ra['over_decode']:.3f} x), "
-          f"this {rb['draft_step_ms']:.3f} ms ({rb['over_decode']:.3f} x); issued after {ra['issue_ms']:.3f} / {rb['issue_ms']:.3f} ms")
+          f"this {rb['draft_step_ms']:.3f} ms ({rb['over_decode']:.3f} x); issued after {ra['issue_ms'] or float('nan'):.3f} / {rb['issue_ms'] or float('nan'):.3f} ms")
 sys.exit(0 if ok else 1)
 PY
 exit $?
