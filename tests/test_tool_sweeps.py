@@ -146,3 +146,37 @@ def test_probe_attn_sk_refuses_a_cache_shorter_than_the_step():
     with pytest.raises(SystemExit) as e:
         main(["--out", os.devnull, "--ctx", "512", "--cap", "100"])
     assert e.value.code == 2
+
+
+def test_ncu_phases_cuts_at_barriers_and_exits_and_keeps_every_instruction(tmp_path, capsys):
+    """tools/ncu_phases.py: a made-up source page of seven SASS lines (an early exit, a barrier,
+    the end): its phases end at the EXIT and BAR.SYNC lines, every line's executions land in one
+    phase, a phase's per-warp figure divides by its first line's executions; then the committed
+    split-KV attention page (H100) sums to the instructions of its rows; no source page: exit 2."""
+    import gzip
+
+    from ncu_phases import main, phases
+
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb"\n'
+    rows = [("a0", "LDC R1", 1, 8, 0), ("a1", "@P0 EXIT", 0, 8, 0), ("a2", "LDG R2", 3, 6, 2),
+            ("a3", "BAR.SYNC.DEFER_BLOCKING 0x0", 1, 6, 0), ("a4", "HMMA R4", 2, 12, 0),
+            ("a5", "STG R4", 0, 6, 1), ("a6", "EXIT", 0, 6, 0)]
+    text = "noise line\n" + head + "".join(f'"{a}","{s}","{n}","{i}","{lb}"\n' for a, s, n, i, lb in rows)
+    ph = phases(text)
+    assert [(p["first"], p["last"]) for p in ph] == [(0, 1), (2, 3), (4, 6)]
+    assert [p["warps"] for p in ph] == [8, 6, 12]
+    assert [p["instructions"] for p in ph] == [16, 12, 24]
+    assert ph[1]["per_warp"] == 2.0 and [p["samples"] for p in ph] == [1, 4, 2] and ph[1]["long_sb"] == 2
+    assert sum(p["instructions"] for p in ph) == sum(r[3] for r in rows)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "receipts", "probes", "h100-ncu-attn-sk-4925165", "ncu-sk-source.csv.gz")
+    text = gzip.open(path, "rt", encoding="utf-8").read()
+    import csv
+    import io
+    src = list(csv.DictReader(io.StringIO(text[text.index('"Address"'):])))
+    got = phases(text)
+    assert sum(p["instructions"] for p in got) == sum(int(r["Instructions Executed"] or 0) for r in src) > 0
+    assert main([path]) == 0 and "total:" in capsys.readouterr().out
+    bad = tmp_path / "x.csv"
+    bad.write_text("no page here\n")
+    assert main([str(bad)]) == 2 and "no source page" in capsys.readouterr().err
