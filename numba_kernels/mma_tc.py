@@ -59,7 +59,7 @@ from numba.cuda import libdevice
 
 from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
-from .intrin import cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, pdl_trigger, pdl_wait, sts4
+from .intrin import SIMULATED, cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, pdl_trigger, pdl_wait, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
 from .launch import aligned, fmul, generated, launch, pdl_on, scratch, syncwarp, wbits, zero_pos
 
@@ -1372,44 +1372,58 @@ def attention_mma_pk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
 # ---- split-KV on the tensor cores (decode, verify, drafts: up to SPLIT_MAX_ROWS rows) -----------
 # attention_mma_split's job -- (mt, lt) and Σ p·v of every (row, head, 64-key tile), folded in tile
 # order by the fp32 mode's merge -- with the MMA itself instead of its emulation. One block of
-# SK_WARPS warps per (tile, KV head, group of up to 16 of its query heads, row): the group's heads
-# are the 16 rows of the MMA's A (GQA: they share the tile's K and V, read once from the float32
-# cache and rounded to bf16 as they are loaded; rows past the group's heads are +0).
-# - QKᵀ: warp w takes keys 8w … 8w+7 (one n-tile), each key's chain over head_dim in steps of 16
-#   from +0, dims past head_dim +0 in Q and K (a zero product: no term), the fragments of
-#   SK_QK_STEPS steps loaded before their MMAs;
+# SK_NW warps per (tile, KV head, group of up to 16 of its query heads, row): the group's heads
+# are the 16 rows of the MMA's A (GQA: they share the tile's K and V; rows past the group's heads
+# are +0).
+# - staging: the block's threads round the group's query rows and the tile's K rows from float32
+#   to bf16 pairs (nearest even, _word) into shared memory (sQ, sK: word j of a row = dims 2j,
+#   2j + 1; +0 past head_dim and for keys past the cache), every thread's loads issued before its
+#   stores;
+# - QKᵀ: warp w < SK_WARPS takes keys 8w … 8w+7 (one n-tile), each key's chain over head_dim in
+#   steps of 16 from +0, its A and B fragments read from sQ and sK;
 # - scores ×scale into shared memory; the row max, p = exp32(s − mt) and Σp in key order (the
-#   twin's tile_stats_mma, one thread per head row);
-# - P·V: warp w takes the n-tiles u ≡ w (mod SK_WARPS) of 8 columns, two at a time (their V loads
-#   issued together), each column's chain over the tile's ceil(n / 16) key steps from +0; keys past
-#   the row's position have P = +0 and V masked to +0 (every head row of a block reads the same
-#   keys: no key is read by one row and not another).
-# Before the grouped loads (two n-tiles of QKᵀ a warp, four warps, a step's loads then its MMAs)
-# the kernel ran one memory latency per step: 66 µs a call at ~700 keys on the H200 (Nsight
-# Compute, receipts/probes/README.md).
-# The group's 16 query rows are rounded to bf16 pairs once per block, into shared memory (sQ), and
-# every warp takes its A fragments from there: each warp had rounded all of them from global
-# memory itself (Numba's 2-D indexing, the clamps and the rounding: 1,445 of a QKᵀ step group's
-# PTX instructions before, 596 after, `tools/check_compile.py --stretches`; at head_dim 256 the group loop was ~70 %
-# of a warp's instructions, and a decode call took ~55 µs on the H200 against ~10 for the float32
-# mode's kernel: receipts/probes/README.md). The same words, so the same bits. Head dims past
-# SK_Q_MAX_D take the other exact-bf16 kernels (attention_mma_gpu).
+#   twin's tile_stats_mma, one thread per head row); meanwhile the tile's V columns are loaded
+#   and stored, rounded, into the buffer sK and sQ leave (sV: word kp of column c = keys 2kp,
+#   2kp + 1 of the tile; keys past the row's position +0, as P is there);
+# - P·V: warp w takes the n-tiles u ≡ w (mod SK_NW) of 8 columns, each column's chain over the
+#   tile's ceil(n / 16) key steps from +0, its B fragments read from sV.
+# The words are those the twin's MMA rounds, and each chain is the twin's, so the bits are the
+# twin's. Before the staging (each warp rounding its own fragments from global memory as it went,
+# 4-byte loads under 2-D signed indexing and clamps) a warp ran ~6,600 instructions a call at
+# ~10 cycles apart: 28 µs a bench-8l decode call on an H100, against ~13 for the float32 mode's
+# split-KV (tools/ncu_phases.py on Nsight Compute's source page,
+# receipts/probes/h100-ncu-attn-sk-4925165/; 17.8 µs staged). Head dims past SK_Q_MAX_D
+# take the other exact-bf16 kernels (attention_mma_gpu).
 # P·V's n-tiles may be split over SK_VSPLIT blocks per (tile, KV head, group, row): each runs the
 # same QKᵀ and tile statistics (the same bits; the first writes (mt, lt)) and the P·V chains of
 # its share of the columns -- more, shorter blocks for a decode row's few tiles, the same chain
 # for every output. tools/probe_attn_sk.py --vsplit times each split count.
 SK_VSPLIT = 1
-SK_WARPS = ATT_TILE // 8  # a warp per 8-key n-tile of QKᵀ
-SK_QK_STEPS = 4  # QKᵀ steps whose fragments are loaded together
-_SK_FR = 6 * SK_QK_STEPS  # their words a lane
-SK_Q_MAX_D = 256  # head_dim up to this: sQ holds a row's D rounded up to 64, in pairs
-_SK_QW = SK_Q_MAX_D // 2 + 4  # sQ's row stride (words): rows g and g + 1 four banks apart
+SK_WARPS = ATT_TILE // 8  # QKᵀ: a warp per 8-key n-tile
+SK_NW = 2 * SK_WARPS  # warps a block: the staging and P·V use them all
+SK_NT = 32 * SK_NW
+SK_Q_MAX_D = 256  # head_dim up to this: a staged row holds D rounded up to 16, in pairs
+_SK_RW = SK_Q_MAX_D // 2  # words of a staged Q or K row (in the staging's flat index)
+_SK_KW = _SK_RW + 4  # sK / sQ row stride (words): rows g and g + 1 four banks apart
+_SK_VW = ATT_TILE // 2 + 4  # sV row stride (words): columns g and g + 1 four banks apart
+_SK_QO = ATT_TILE * _SK_KW  # sQ's offset in the stage buffer, after sK (sV overlays both)
+_SK_WORDS = max(_SK_QO + 16 * _SK_KW, SK_Q_MAX_D * _SK_VW)
+_SK_KP = ATT_TILE * _SK_RW // SK_NT  # K words a thread stages
+_SK_QP = 16 * _SK_RW // SK_NT  # Q words a thread stages
+_SK_VP = (ATT_TILE // 2) * SK_Q_MAX_D // SK_NT  # V words a thread stages
+assert _SK_KP * SK_NT == ATT_TILE * _SK_RW and _SK_QP * SK_NT == 16 * _SK_RW
+assert _SK_VP * SK_NT == (ATT_TILE // 2) * SK_Q_MAX_D
+SK_MAX_REGS = 65536 // SK_NT  # a block of SK_NT threads must fit one SM's registers
+_SK_JIT = {} if SIMULATED else {"max_registers": SK_MAX_REGS}  # the simulator's jit takes no register budget
+_U4 = np.uint64(4)
+_URW = np.uint64(_SK_RW)
+_UVC = np.uint64(SK_Q_MAX_D)  # V columns in the staging's flat index
 
 
 def _sk_kernel(vs):
     """attention_mma_sk_k with P·V's n-tiles split over ``vs`` blocks (a constant of the build:
     vs = 1 is the one-block kernel, with no share arithmetic left in it)."""
-    @cuda.jit
+    @cuda.jit(**_SK_JIT)
     def attention_mma_sk_k(Qu, Ku, Vu, start, pb, hq, hkv, D, scale, ML, A):
         t = cuda.blockIdx.x
         r = cuda.blockIdx.z
@@ -1424,75 +1438,129 @@ def _sk_kernel(vs):
         if k0 > pos:  # uniform over the block: a tile past the row's position
             return
         n = min(ATT_TILE, pos + 1 - k0)
-        cap = Ku.shape[0]
+        klim = k0 + n
         tid = cuda.threadIdx.x
         w = tid >> 5
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
+        sbuf = cuda.shared.array(_SK_WORDS, np.uint32)
         sS = cuda.shared.array((16, _SST), np.float32)
         sM = cuda.shared.array(16, np.float32)
-        sQ = cuda.shared.array((16, _SK_QW), np.uint32)
-        va = h0 + g < rep
-        vb = h0 + g + 8 < rep
-        ko = kvh * D
-        # 0. the group's head rows as bf16 pairs: sQ[m, j] = dims 2j, 2j + 1 of head h0 + m (+0 for
-        # heads past the group's and dims past D), j up to D rounded up to 64 (the steps' reach)
-        jw = ((D + 63) >> 6) << 5
-        q0 = (kvh * rep + h0) * D
-        for x in range(tid, 16 * jw, 32 * SK_WARPS):
-            m = x // jw
-            j = x - m * jw
-            sQ[m, j] = _pair(Qu, r, q0 + m * D + 2 * j, h0 + m < rep, 2 * j, D)
+        # the staging's index arithmetic, unsigned (no negative-index wrap code, no mixed types)
+        ut = np.uint64(tid)
+        uD = np.uint64(D)
+        uDm = uD - _U1
+        uko = np.uint64(kvh * D)
+        uk0 = np.uint64(k0)
+        ulast = np.uint64(Ku.shape[0] - 1)
+        jw = np.uint64(((D + 15) >> 4) << 3)  # words a staged row holds: the QKᵀ steps' reach
+        ur = np.uint64(r)
+        uh0 = np.uint64(h0)
+        urep = np.uint64(rep)
+        uqh = np.uint64(kvh * rep + h0)
+        # 0. loads: the tile's K rows and the group's query rows (clamped addresses that exist)
+        ka = cuda.local.array(_SK_KP, np.uint32)
+        kb = cuda.local.array(_SK_KP, np.uint32)
+        for i in range(_SK_KP):
+            x = ut + np.uint64(SK_NT * i)
+            key = min(uk0 + x // _URW, ulast)
+            d = (x % _URW) << _U1
+            ka[i] = Ku[key, uko + min(d, uDm)]
+            kb[i] = Ku[key, uko + min(d + _U1, uDm)]
+        qa = cuda.local.array(_SK_QP, np.uint32)
+        qb = cuda.local.array(_SK_QP, np.uint32)
+        for i in range(_SK_QP):
+            x = ut + np.uint64(SK_NT * i)
+            m = x // _URW
+            d = (x % _URW) << _U1
+            hh = uqh + (m if uh0 + m < urep else np.uint64(0))
+            qa[i] = Qu[ur, hh * uD + min(d, uDm)]
+            qb[i] = Qu[ur, hh * uD + min(d + _U1, uDm)]
+        # ... then their bf16 pairs (+0 past head_dim, for keys past the cache, for rows past the group)
+        for i in range(_SK_KP):
+            x = ut + np.uint64(SK_NT * i)
+            kk = x // _URW
+            j = x % _URW
+            d = j << _U1
+            ok = uk0 + kk <= ulast
+            if j < jw:
+                sbuf[kk * np.uint64(_SK_KW) + j] = _word(ka[i], kb[i], ok and d < uD, ok and d + _U1 < uD)
+        for i in range(_SK_QP):
+            x = ut + np.uint64(SK_NT * i)
+            m = x // _URW
+            j = x % _URW
+            d = j << _U1
+            ok = uh0 + m < urep
+            if j < jw:
+                sbuf[np.uint64(_SK_QO) + m * np.uint64(_SK_KW) + j] = _word(qa[i], qb[i], ok and d < uD,
+                                                                             ok and d + _U1 < uD)
         cuda.syncthreads()
-        # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it), the
-        # fragments of SK_QK_STEPS steps loaded together before their MMAs (one memory latency a
-        # group, not a step; loads past head_dim come from clamped addresses and are +0)
-        if 8 * w < n:
+        # 1. S = QKᵀ for keys 8w … 8w + 7 (uniform: a warp whose keys are all past n skips it)
+        if w < SK_WARPS and 8 * w < n:
             s0 = np.uint32(0)
             s1 = np.uint32(0)
             s2 = np.uint32(0)
             s3 = np.uint32(0)
-            key0 = k0 + 8 * w + g
-            fr = cuda.local.array(_SK_FR, np.uint32)
-            for st0 in range(0, D, 16 * SK_QK_STEPS):
-                for i in range(SK_QK_STEPS):
-                    d0 = st0 + 16 * i + 2 * q
-                    d2 = d0 + 8
-                    w0 = d0 >> 1
-                    fr[6 * i] = sQ[g, w0]
-                    fr[6 * i + 1] = sQ[g + 8, w0]
-                    fr[6 * i + 2] = sQ[g, w0 + 4]
-                    fr[6 * i + 3] = sQ[g + 8, w0 + 4]
-                    fr[6 * i + 4] = _pair(Ku, key0, ko + d0, key0 < cap, d0, D)
-                    fr[6 * i + 5] = _pair(Ku, key0, ko + d2, key0 < cap, d2, D)
-                for i in range(SK_QK_STEPS):
-                    if st0 + 16 * i < D:  # uniform: no step past head_dim
-                        s0, s1, s2, s3 = mma_bf16(fr[6 * i], fr[6 * i + 1], fr[6 * i + 2], fr[6 * i + 3],
-                                                  fr[6 * i + 4], fr[6 * i + 5], s0, s1, s2, s3)
+            ug = np.uint64(g)
+            kr = (np.uint64(8 * w) + ug) * np.uint64(_SK_KW) + np.uint64(q)
+            qr = np.uint64(_SK_QO) + ug * np.uint64(_SK_KW) + np.uint64(q)
+            q8 = np.uint64(8 * _SK_KW)
+            ns = (D + 15) >> 4
+            for s in range(SK_Q_MAX_D // 16):
+                if s < ns:  # uniform: no step past head_dim
+                    o = np.uint64(8 * s)
+                    s0, s1, s2, s3 = mma_bf16(sbuf[qr + o], sbuf[qr + q8 + o], sbuf[qr + o + _U4],
+                                              sbuf[qr + q8 + o + _U4], sbuf[kr + o], sbuf[kr + o + _U4],
+                                              s0, s1, s2, s3)
             j = 8 * w + 2 * q
             sS[g, j] = fmul(_u2f(s0), scale)
             sS[g, j + 1] = fmul(_u2f(s1), scale)
             sS[g + 8, j] = fmul(_u2f(s2), scale)
             sS[g + 8, j + 1] = fmul(_u2f(s3), scale)
-        cuda.syncthreads()
-        # 2. each head row's tile max, in key order
+        cuda.syncthreads()  # sK and sQ read: the buffer is sV's from here
+        # 2. this block's V columns c_lo … c_hi − 1: loads (rounded and stored after the statistics)
+        nt = (D + 7) >> 3
+        per = (nt + vs - 1) // vs  # this block's n-tiles: ulo .. uhi - 1
+        ulo = sp * per
+        uhi = min(nt, ulo + per)
+        clo = np.uint64(8 * ulo)
+        chi = np.uint64(min(D, 8 * uhi))
+        ukl = np.uint64(klim)
+        va = cuda.local.array(_SK_VP, np.uint32)
+        vb = cuda.local.array(_SK_VP, np.uint32)
+        for i in range(_SK_VP):
+            x = ut + np.uint64(SK_NT * i)
+            key = uk0 + ((x // _UVC) << _U1)
+            cc = uko + min(clo + x % _UVC, uDm)
+            va[i] = Vu[min(key, ukl - _U1), cc]
+            vb[i] = Vu[min(key + _U1, ukl - _U1), cc]
+        # 3. each head row's tile max, in key order
         if tid < 16:
             sM[tid] = _row_max(sS[tid], n)
         cuda.syncthreads()
-        # 3. p = exp32(s − mt), +0 past the row's keys
-        for x in range(tid, 16 * ATT_TILE, 32 * SK_WARPS):
+        # 4. p = exp32(s − mt), +0 past the row's keys
+        for x in range(tid, 16 * ATT_TILE, SK_NT):
             m = x // ATT_TILE
             j = x - m * ATT_TILE
             sS[m, j] = exp32(sS[m, j] - sM[m]) if j < n else ZERO
         cuda.syncthreads()
-        # 4. Σp in key order and (mt, lt) out, one thread per head row (of the first share's block)
+        # 5. Σp in key order and (mt, lt) out, one thread per head row (of the first share's block)
         if tid < 16 and h0 + tid < rep and sp == 0:
             lt = _row_sum(sS[tid], n)
             vg = r * hq + kvh * rep + h0 + tid
             ML[vg, t, 0] = sM[tid]
             ML[vg, t, 1] = lt
-        # 5. P·V: P's A fragments (bf16 of p), then warp w's n-tiles of 8 columns
+        # 6. sV: the V words, bf16 (+0 for keys past the row's position)
+        for i in range(_SK_VP):
+            x = ut + np.uint64(SK_NT * i)
+            kp = x // _UVC
+            c = clo + x % _UVC
+            key = uk0 + (kp << _U1)
+            if c < chi:
+                sbuf[c * np.uint64(_SK_VW) + kp] = _word(va[i], vb[i], key < ukl, key + _U1 < ukl)
+        cuda.syncthreads()
+        # 7. P·V: P's A fragments (bf16 of p), then warp w's n-tiles of 8 columns
         nsteps = (n + 15) >> 4
         P = cuda.local.array(16, np.uint32)  # key step s: P[4s .. 4s+3] = its (a0, a1, a2, a3)
         for s4 in range(4):
@@ -1500,43 +1568,31 @@ def _sk_kernel(vs):
                 j = 16 * s4 + 8 * hh + 2 * q
                 P[4 * s4 + 2 * hh] = _pack(_f2u(sS[g, j]), _f2u(sS[g, j + 1]))
                 P[4 * s4 + 2 * hh + 1] = _pack(_f2u(sS[g + 8, j]), _f2u(sS[g + 8, j + 1]))
-        klim = k0 + n
-        kq = k0 + 2 * q
         vga = r * hq + kvh * rep + h0 + g
-        nt = (D + 7) >> 3
-        per = (nt + vs - 1) // vs  # this block's n-tiles: ulo .. uhi - 1
-        ulo = sp * per
-        uhi = min(nt, ulo + per)
-        vf = cuda.local.array(16, np.uint32)  # two n-tiles' V words: [8e + 2s4 + hh]
-        for u0 in range(ulo + w, uhi, 2 * SK_WARPS):  # n-tiles u0 and u0 + SK_WARPS: their 16 loads issued together
-            for e in range(2):
-                col = 8 * (u0 + e * SK_WARPS) + g  # this lane's B column (past D: clamped, +0)
-                for s4 in range(4):
-                    vf[8 * e + 2 * s4] = _vpair(Vu, kq + 16 * s4, ko, col, klim, D)
-                    vf[8 * e + 2 * s4 + 1] = _vpair(Vu, kq + 16 * s4 + 8, ko, col, klim, D)
-            for e in range(2):
-                u = u0 + e * SK_WARPS
-                if u < uhi:  # uniform
-                    c0 = np.uint32(0)
-                    c1 = np.uint32(0)
-                    c2 = np.uint32(0)
-                    c3 = np.uint32(0)
-                    for s4 in range(4):
-                        if s4 < nsteps:  # uniform
-                            c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
-                                                      vf[8 * e + 2 * s4], vf[8 * e + 2 * s4 + 1], c0, c1, c2, c3)
-                    cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
-                    if va:
-                        if cc < D:
-                            A[vga, t, cc] = _u2f(c0)
-                        if cc + 1 < D:
-                            A[vga, t, cc + 1] = _u2f(c1)
-                    if vb:
-                        if cc < D:
-                            A[vga + 8, t, cc] = _u2f(c2)
-                        if cc + 1 < D:
-                            A[vga + 8, t, cc + 1] = _u2f(c3)
-
+        oka = h0 + g < rep
+        okb = h0 + g + 8 < rep
+        for u in range(ulo + w, uhi, SK_NW):
+            cb = np.uint64(8 * u + g) * np.uint64(_SK_VW) + np.uint64(q)  # this lane's B column (past D: not stored)
+            c0 = np.uint32(0)
+            c1 = np.uint32(0)
+            c2 = np.uint32(0)
+            c3 = np.uint32(0)
+            for s4 in range(4):
+                if s4 < nsteps:  # uniform
+                    o = np.uint64(8 * s4)
+                    c0, c1, c2, c3 = mma_bf16(P[4 * s4], P[4 * s4 + 1], P[4 * s4 + 2], P[4 * s4 + 3],
+                                              sbuf[cb + o], sbuf[cb + o + _U4], c0, c1, c2, c3)
+            cc = 8 * u + 2 * q  # this lane's output columns cc, cc + 1 of head rows g, g + 8
+            if oka:
+                if cc < D:
+                    A[vga, t, cc] = _u2f(c0)
+                if cc + 1 < D:
+                    A[vga, t, cc + 1] = _u2f(c1)
+            if okb:
+                if cc < D:
+                    A[vga + 8, t, cc] = _u2f(c2)
+                if cc + 1 < D:
+                    A[vga + 8, t, cc + 1] = _u2f(c3)
 
     if vs != 1:
         attention_mma_sk_k.py_func.__name__ = attention_mma_sk_k.py_func.__qualname__ = f"attention_mma_sk_v{vs}_k"
@@ -1555,14 +1611,6 @@ def sk_kernel(vs):
 
 
 attention_mma_sk_k = sk_kernel(1)
-
-@cuda.jit(device=True, inline=True)
-def _vpair(Vu, key, ko, col, klim, D):
-    """B word of V: keys key, key + 1 of column col, bf16; +0 for keys ≥ klim or col ≥ D (loads
-    from clamped addresses, the +0 by selects: as _pair)."""
-    cc = ko + min(col, D - 1)
-    return _word(Vu[min(key, klim - 1), cc], Vu[min(key + 1, klim - 1), cc], col < D and key < klim,
-                 col < D and key + 1 < klim)
 
 
 def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
@@ -1583,7 +1631,7 @@ def attention_mma_sk(Q, kc, vc, out, start, R, hq, hkv, D, scale, pos=None):
     A = scratch("attention_mma.a", need * D)[:need * D].reshape(R * hq, ntiles, D)
     pb = zero_pos() if pos is None else pos
     vs = max(1, min(int(SK_VSPLIT), (D + 7) >> 3))
-    launch(sk_kernel(vs), (ntiles, hkv * ((rep + 15) // 16) * vs, R), 32 * SK_WARPS, Q.view(np.uint32),
+    launch(sk_kernel(vs), (ntiles, hkv * ((rep + 15) // 16) * vs, R), SK_NT, Q.view(np.uint32),
            kc.view(np.uint32), vc.view(np.uint32), np.int64(start), pb, np.int64(hq), np.int64(hkv), np.int64(D),
            np.float32(scale), ML, A)
     launch(generated(attention_merge_source, None), (R, hq, (D + ATT_MERGE_NT - 1) // ATT_MERGE_NT), ATT_MERGE_NT,

@@ -189,10 +189,10 @@ SCRIPT = textwrap.dedent(r'''
     attention(1, 4, 2, 16, 69)
     attention(3, 17, 1, 24, 60)
     attention(2, 4, 2, 16, 66, pos=True)
-    # head_dim 144: QKᵀ's grouped loads over three groups of steps, the last part-filled; P·V's
-    # 18 n-tiles, two a time per warp, the second of a pair past head_dim
+    # head_dim 144: QKᵀ's nine steps from the staged rows (words past head_dim unstaged); P·V's
+    # 18 n-tiles over the block's 16 warps, two for the first two
     attention(1, 2, 1, 144, 70)
-    # the query rows staged in shared memory (sQ) at the largest head_dim it holds (256), with a
+    # the query and key rows staged in shared memory at the largest head_dim they hold (256), with a
     # NaN query and non-finite K/V in split-KV, and past it (264: the other kernels)
     attention(1, 3, 1, 256, 70)
     attention(4, 4, 2, 16, 20, nonfinite=True)

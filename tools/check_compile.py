@@ -296,7 +296,8 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
         if not only or sk.py_func.__name__ in only:
             i64, f3 = types.int64, types.Array(types.float32, 3, "C")
             jobs.append((sk.py_func.__name__, sk.py_func,
-                         (u2, u2, u2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, types.float32, f3, f3), {}))
+                         (u2, u2, u2, i64, types.Array(types.int32, 1, "C"), i64, i64, i64, types.float32, f3, f3),
+                         {"max_registers": mma_tc.SK_MAX_REGS}))
     for kern in (mma_tc.att_pack_rows_k, mma_tc.att_pack_v_k):
         if not only or kern.__name__ in only:
             jobs.append((kern.__name__, kern.py_func, (u2, u1) + (types.int64,) * 4, {}))
