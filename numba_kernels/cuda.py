@@ -41,5 +41,6 @@ if not SIMULATED:
     linear_mma_tc = mma_tc.linear_mma_tc
     linear_mma = dispatch.MMA_KERNELS["linear_mma"] = linear_mma_tc
     linear_flag_mma = dispatch.MMA_KERNELS["linear_flag_mma"] = mma_tc.linear_flag_mma_tc
+    linear_swiglu_mma = dispatch.MMA_KERNELS["linear_swiglu_mma"] = mma_tc.linear_swiglu_mma_tc
     attention_mma_tc = mma_tc.attention_mma_tc
     attention_mma = dispatch.MMA_KERNELS["attention_mma"] = mma_tc.attention_mma_gpu

@@ -49,7 +49,8 @@ def pick(op: str, R: int) -> str:
 # ---- exact-bf16 (issue #19) ---------------------------------------------------------------------
 # Rows are independent inside an MMA, so a decode row padded to 16 is the same row of a prime. On a
 # GPU numba_kernels.cuda sets "linear_mma" (and "linear_flag_mma", the lm head: the bf16 GEMV
-# checking each output as it stores it) to the tensor-core kernels (mma_tc.linear_mma_tc: from
+# checking each output as it stores it; "linear_swiglu_mma", an MLP's input: the bf16 GEMV storing
+# the SwiGLU of its gate and up chains) to the tensor-core kernels (mma_tc.linear_mma_tc: from
 # mma_tc.GEMM_MIN_ROWS rows the block-tiled GEMM, fewer one warp per 16×8 tile) and "attention_mma"
 # to mma_tc.attention_mma_gpu: up to SPLIT_MAX_ROWS rows split-KV on the tensor cores
 # (attention_mma_sk, when its buffers fit SPLIT_MAX_STATS_BYTES), more on the tensor cores (attention_mma_tc, head_dim a

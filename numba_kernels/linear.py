@@ -45,7 +45,7 @@ import numpy as np
 from . import dispatch
 from .dispatch import GEMV_BUCKETS, GEMV_MAX_ROWS
 from .exact import SLICE, dot_rows
-from .elementwise import nonfinite_flag_cpu, nonfinite_flag_cuda
+from .elementwise import nonfinite_flag_cpu, nonfinite_flag_cuda, swiglu_act_cpu, swiglu_act_cuda
 from .mma_gemm import linear_mma_cpu, linear_mma_naive
 from .tags import (STATIC_SMEM, KernelSource, aligned, body, cuda, generated, generator, grid1, kernel, launch, launcher,
                    pdl_on,
@@ -544,6 +544,32 @@ def linear_flag_mma_cuda(X, W, out, R, flags, slot, xp=None):
     serves the op: the bf16 GEMV checks each output as it stores it)."""
     linear_mma_naive(X, W, out, R, xp)
     nonfinite_flag_cuda(out, R, flags, slot)
+
+
+# ------------------------------------------------------------------------------------------------
+# the MLP's input: the gate‖up projection and its SwiGLU
+# ------------------------------------------------------------------------------------------------
+GLU_ERROR = "linear_swiglu_mma: W must be [2I, K], out [>= R, >= I] and gu [>= R, >= 2I]"
+
+
+@twin("linear_swiglu_mma")
+def linear_swiglu_mma_cpu(X, W, I, out, R, gu, xp=None, ox=None):
+    """exact-bf16: ``linear_mma(X, W, gu, R, xp)``, then ``swiglu_act(gu, I, out, R, ox)`` -- the
+    MLP's gate‖up projection (W [2I, K]: the gate rows, then the up rows) and its SwiGLU. ``gu``
+    [≥R, ≥2I]: scratch the op may use (its contents afterwards are not part of the op: on a GPU
+    the fused GEMV stores silu(gate)·up straight from its chains and leaves it alone)."""
+    if W.shape[0] != 2 * I or out.shape[0] < R or out.shape[1] < I or gu.shape[0] < R or gu.shape[1] < 2 * I:
+        raise ValueError(GLU_ERROR)
+    linear_mma_cpu(X, W, gu, R, xp)
+    swiglu_act_cpu(gu, I, out, R, ox)
+
+
+@launcher("linear_swiglu_mma")
+def linear_swiglu_mma_cuda(X, W, I, out, R, gu, xp=None, ox=None):
+    """The naive exact-bf16 linear into ``gu``, then ``swiglu_act`` (on a GPU
+    ``mma_tc.linear_swiglu_mma_tc`` serves the op: one launch for bf16-resident W and few rows)."""
+    linear_mma_naive(X, W, gu, R, xp)
+    swiglu_act_cuda(gu, I, out, R, ox)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -61,15 +61,17 @@ from .dispatch import SPLIT_MAX_ROWS, SPLIT_MAX_STATS_BYTES
 from .exact import ATT_TILE, ZERO
 from .intrin import SIMULATED, cp16, cp16b, cp16f, cp_commit, cp_wait1, cp_wait_group, ldg4u, pdl_trigger, pdl_wait, sts4
 from .attention import ATT_MERGE_NT, attention_merge_source
+from .linear import GLU_ERROR
+from .mma_gemm import PACK_ERROR
 from .launch import aligned, fmul, generated, launch, pdl_on, scratch, syncwarp, wbits, zero_pos
 
 BODIES = ("exp32", "merge_stats", "merge_value", "attn_out", "mma_dot", "mma_f32",
-          "attention_mma_tiled", "nonfinite_flag_cuda")
+          "attention_mma_tiled", "nonfinite_flag_cuda", "silu32", "bf16_pair", "swiglu_act_cuda")
 
 
 def bind(ns) -> None:
-    """Take the family bodies and launchers this module uses (``BODIES``: attention's, and the flag
-    kernel's launcher for the lm head's other shapes), as
+    """Take the family bodies and launchers this module uses (``BODIES``: attention's, the flag
+    kernel's launcher for the lm head's other shapes, the SwiGLU's for the fused MLP input's), as
     compiled for CUDA, from :mod:`numba_kernels.cuda`'s namespace ``ns``: that module imports this
     one and binds it (this module never imports it: no import cycle); kernels here resolve these
     names when they first compile."""
@@ -219,6 +221,30 @@ def _store(outu, r, c, R, N, d0, d1, d2, d3):
             outu[r + 8, c] = d2
         if c + 1 < N:
             outu[r + 8, c + 1] = d3
+
+
+@cuda.jit(device=True, inline=True)
+def _glu_row(outu, ox, r, c, I, g0, g1, v0, v1):
+    """Row r's SwiGLU outputs at columns c, c + 1 (c even; those below I) from the gate and up
+    projections' float32 bits (g0, g1; v0, v1): silu(gate)·up, the twin's ``swiglu_val``; with
+    ``ox`` the pair's bf16 bits too (``bf16_pair``, as ``pack_span``; I even when given)."""
+    if c < I:
+        a0 = fmul(silu32(_u2f(g0)), _u2f(v0))
+        outu[r, c] = _f2u(a0)
+        if c + 1 < I:
+            a1 = fmul(silu32(_u2f(g1)), _u2f(v1))
+            outu[r, c + 1] = _f2u(a1)
+            if ox is not None:
+                ox[r, c >> 1] = bf16_pair(a0, a1)
+
+
+@cuda.jit(device=True, inline=True)
+def _glu_store(outu, ox, r, c, R, I, d0, d1, d2, d3, u0, u1, u2, u3):
+    """The fused gate‖up GEMV's outputs (:func:`_glu_row`) of rows r and r + 8 (those below R)."""
+    if r < R:
+        _glu_row(outu, ox, r, c, I, d0, d1, u0, u1)
+    if r + 8 < R:
+        _glu_row(outu, ox, r + 8, c, I, d2, d3, u2, u3)
 
 
 @cuda.jit
@@ -655,13 +681,17 @@ V16_KT = 256  # k per stage
 V16_STAGES = 4  # stages of the ring (every X row count: ≤ 48 KB of shared memory)
 
 
-def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
+def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False, glu=False):
     """The GEMV kernel staging xrows X rows (1, 2, 4, 8: up to that many rows; 16: up to 16) and a
     warp's 8 W rows, kt k per stage, stages stages (stages - 1 in flight). ``pdl``: the first
     stages' W copies are issued before ``pdl_wait()``, X's after it (launched with PDL: see
-    VD_PDL)."""
+    VD_PDL). ``glu``: the gate‖up GEMV with its SwiGLU as the epilogue (VD_GLU): W is [2I, K],
+    the warp stages gate rows o0 .. o0 + 7 and up rows I + o0 .. as its 16 W rows and runs their
+    two chains, each output's chain the plain kernel's; it stores silu(gate)·up (and the pairs'
+    bf16 bits), not the projection."""
     assert xrows in (1, 2, 4, 8, 16) and stages >= 2 and kt % 256 == 0
-    rows = xrows + 8  # X rows then W rows, per stage
+    wrows = 16 if glu else 8  # W rows a warp stages: its 8 outputs' (glu: their gate and up rows)
+    rows = xrows + wrows  # X rows then W rows, per stage
     rw = kt // 2  # words per shared row
     words = stages * rows * rw
     wait = cp_wait_group(stages - 2)  # all but the newest stages - 2 groups
@@ -673,7 +703,7 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
     @cuda.jit(device=True, inline=True)
     def copy(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, h, r):
         """Row r's chunk of half h of slice kt_ into stage st's buffer (rows X first, then the
-        warp's 8 W rows), from the byte offsets computed once (sx, sw: a row's chunk in stage
+        warp's W rows), from the byte offsets computed once (sx, sw: a row's chunk in stage
         0's buffer; gx, gw: in the array, at k 0; rows past R or N clamped to the last one, whose
         copy reaches only outputs that are not stored; no branch a row). Half h of a row's slice
         (chunks 32h + lane) sits 128h words further on both sides: the swizzle (chunk ^ (row & 7))
@@ -688,7 +718,7 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
     @cuda.jit(device=True, inline=True)
     def issue(sm, Xp, Wp, st, kt_, sx, gx, sw, gw, K2, lane):
         """Stage st ← slice kt_: this lane's 16-byte chunks of the block's X rows and of the warp's
-        8 W rows (:func:`copy`), chunks past K not copied."""
+        W rows (:func:`copy`), chunks past K not copied."""
         for h in range(rw // 128):
             if kt_ * rw + 128 * h + 4 * lane < K2:
                 for r in range(rows):
@@ -732,6 +762,15 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
         return e0, e1, e2, e3, f0, f1, f2, f3, b0, b1, c0, c1
 
     @cuda.jit(device=True, inline=True)
+    def ufrags(sm, we, wo, jj):
+        """Pair jj's B registers of the up rows (glu: W rows 8 .. 15 of the warp, 8 shared rows
+        past the gate rows; row r & 7 swizzled as row r)."""
+        if glu:
+            return ldsm4(sm, (we if jj % 2 == 0 else wo) + 8 * rw + 16 * jj)
+        z = np.uint32(0)
+        return z, z, z, z
+
+    @cuda.jit(device=True, inline=True)
     def step(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3, k0, K):
         """One MMA step at k0 of a stage's last (part-filled) pair: not issued past K; its k 8..15
         fed as +0 past K (K % 16 == 8: the shared words there were not copied)."""
@@ -744,12 +783,14 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
         return d0, d1, d2, d3
 
     @cuda.jit
-    def linear_mma_vd_k(Xp, Wp, outu, R, flags, slot):
+    def linear_mma_vd_k(Xp, Wp, outu, R, flags, slot, ox):
         """Xp: packed X [R, K/2]; Wp: bf16 W [N, K/2]. ``flags`` (None: the plain GEMV, its
         check compiled out): flags[slot] = 1 when an output stored is NaN or ±inf (``slot``
-        ≥ 0; the lm head's ``linear_flag``)."""
+        ≥ 0; the lm head's ``linear_flag``). glu: outu is the SwiGLU's output [R, N/2] (as
+        uint32 bits), ``ox`` (None: not) its pairs' bf16 bits [R, N/4], flags None."""
         N, K2 = Wp.shape
         K = 2 * K2
+        I = N >> 1  # glu: the SwiGLU's width (W's rows: gate ‖ up)
         sm = cuda.shared.array(words, np.uint32, alignment=16)
         lane, g, q, o0, r0 = _gv_place()
         two = xrows == 16 and r0 + 8 < R  # uniform: rows g + 8 are read
@@ -765,6 +806,14 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
         d2 = np.uint32(0)
         d3 = np.uint32(0)
         z = np.uint32(0)
+        u0 = z  # glu: the up rows' chains
+        u1 = z
+        u2 = z
+        u3 = z
+        nu0 = z
+        nu1 = z
+        nu2 = z
+        nu3 = z
         e1 = z
         e3 = z
         f1 = z
@@ -775,14 +824,17 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
         nf3 = z
         sx = cuda.local.array(xrows, np.int32)  # the rows' byte offsets, computed once (see issue)
         gx = cuda.local.array(xrows, np.int64)
-        sw = cuda.local.array(8, np.int32)
-        gw = cuda.local.array(8, np.int64)
+        sw = cuda.local.array(wrows, np.int32)
+        gw = cuda.local.array(wrows, np.int64)
         for r in range(xrows):
             sx[r] = 4 * (r * rw + 4 * (lane ^ (r & 7)))
             gx[r] = 4 * (min(r0 + r, R - 1) * K2 + 4 * lane)
-        for r in range(8):
-            sw[r] = 4 * ((xrows + r) * rw + 4 * (lane ^ r))
-            gw[r] = 4 * (min(o0 + r, N - 1) * K2 + 4 * lane)
+        for r in range(wrows):
+            sw[r] = 4 * ((xrows + r) * rw + 4 * (lane ^ (r & 7)))
+            if glu:  # gate row o0 + (r & 7), then its up row I further (past I: the last ones)
+                gw[r] = 4 * ((min(o0 + (r & 7), I - 1) + (I if r >= 8 else 0)) * K2 + 4 * lane)
+            else:
+                gw[r] = 4 * (min(o0 + r, N - 1) * K2 + 4 * lane)
         nst = (K2 + rw - 1) // rw
         if pdl:
             # the weights are no earlier kernel's output: the first stages' W rows are copied
@@ -827,16 +879,23 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
                 # the ldmatrix latency overlaps the MMA chain instead of adding to it
                 ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(sm, xe, xo, we, wo, 0, two,
                                                                                     ne1, ne3, nf1, nf3)
+                nu0, nu1, nu2, nu3 = ufrags(sm, we, wo, 0)
                 for jj in range(kt // 32):
                     e0, e1, e2, e3, f0, f1, f2, f3 = ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3
                     b0, b1, c0, c1 = nb0, nb1, nc0, nc1
+                    ub0, ub1, uc0, uc1 = nu0, nu1, nu2, nu3
                     if jj + 1 < kt // 32:
                         ne0, ne1, ne2, ne3, nf0, nf1, nf2, nf3, nb0, nb1, nc0, nc1 = frags(
                             sm, xe, xo, we, wo, jj + 1, two, ne1, ne3, nf1, nf3)
+                        nu0, nu1, nu2, nu3 = ufrags(sm, we, wo, jj + 1)
                     if inl:  # uniform
                         issue_part(sm, Xp, Wp, ibn, nxt, sx, gx, sw, gw, K2, jj)
                     d0, d1, d2, d3 = mma_bf16(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3)
+                    if glu:
+                        u0, u1, u2, u3 = mma_bf16(e0, e1, e2, e3, ub0, ub1, u0, u1, u2, u3)
                     d0, d1, d2, d3 = mma_bf16(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3)
+                    if glu:
+                        u0, u1, u2, u3 = mma_bf16(f0, f1, f2, f3, uc0, uc1, u0, u1, u2, u3)
             else:
                 if more:  # (a part-filled stage is the last: nothing after it to bring)
                     issue(sm, Xp, Wp, ibn, nxt, sx, gx, sw, gw, K2, lane)
@@ -846,7 +905,14 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
                                                                                e1, e3, f1, f3)
                         d0, d1, d2, d3 = step(e0, e1, e2, e3, b0, b1, d0, d1, d2, d3, k0 + 32 * jj, K)
                         d0, d1, d2, d3 = step(f0, f1, f2, f3, c0, c1, d0, d1, d2, d3, k0 + 32 * jj + 16, K)
+                        if glu:
+                            ub0, ub1, uc0, uc1 = ufrags(sm, we, wo, jj)
+                            u0, u1, u2, u3 = step(e0, e1, e2, e3, ub0, ub1, u0, u1, u2, u3, k0 + 32 * jj, K)
+                            u0, u1, u2, u3 = step(f0, f1, f2, f3, uc0, uc1, u0, u1, u2, u3, k0 + 32 * jj + 16, K)
             cp_commit()  # slice nxt's group (empty past the last slice: the wait above counts groups)
+        if glu:
+            _glu_store(outu, ox, r0 + g, o0 + 2 * q, R, I, d0, d1, d2, d3, u0, u1, u2, u3)
+            return
         _store(outu, r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3)
         if flags is not None:
             if slot >= 0 and _stored_nonfinite(r0 + g, o0 + 2 * q, R, N, d0, d1, d2, d3):
@@ -855,9 +921,9 @@ def _vd_kernel(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
     return linear_mma_vd_k
 
 
-def _vd_named(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False):
-    k = _vd_kernel(xrows, kt, stages, pdl)
-    name = f"linear_mma_vd{xrows}{'w' if kt != V16_KT else ''}{'_pdl' if pdl else ''}_k"
+def _vd_named(xrows, kt=V16_KT, stages=V16_STAGES, pdl=False, glu=False):
+    k = _vd_kernel(xrows, kt, stages, pdl, glu)
+    name = f"linear_{'swiglu_' if glu else ''}mma_vd{xrows}{'w' if kt != V16_KT else ''}{'_pdl' if pdl else ''}_k"
     k.py_func.__name__ = k.py_func.__qualname__ = name  # in launch counts and profiles
     return k
 
@@ -881,6 +947,11 @@ VD_WIDE = {x: _vd_named(x, kt=VD_WIDE_KT) for x in (1, 2, 4) if x <= VD_WIDE_MAX
 # The arithmetic is the plain kernels' (the same chain from the same shared words): the same bits.
 VD_PDL = {(x, kt): _vd_named(x, kt=kt, pdl=True) for x, kt in
           [(x, V16_KT) for x in VD_KERNELS] + [(x, VD_WIDE_KT) for x in VD_WIDE]}
+# The MLP's gate‖up projection with its SwiGLU as the epilogue (``linear_swiglu_mma``): a warp
+# stages 16 W rows (its 8 outputs' gate and up rows), so its stages hold xrows + 16 rows; 256 k a
+# stage keeps 4 stages within the 48 KB static limit up to 8 X rows (16 rows: 3 stages).
+VD_GLU = {(x, pdl): _vd_named(x, stages=V16_STAGES if x <= 8 else 3, pdl=pdl, glu=True)
+          for x in VD_KERNELS for pdl in (False, True)}
 linear_mma_vd8_k = VD_KERNELS[8]
 linear_mma_vd_k = VD_KERNELS[16]
 
@@ -904,18 +975,27 @@ def _packed_x(X, R, K):
     return Xp
 
 
-def _linear_w16(X, W, out, R, xp=None, flags=None, slot=-1):
-    """linear_mma_tc of bf16-resident W (uint16 [N, K]). ``xp``: X already packed by its producer
-    (uint32 [≥R, K/2], C-contiguous: no mma_pack_x_k launch), or None. ``flags``: the GEMV checks
-    each output it stores for NaN/Inf (flags[slot] = 1; the lm head's linear_flag). Returns
-    whether it did (the GEMV's shapes; the others leave the check to the caller)."""
-    N, K = W.shape
-    Xp = None  # X packed: its producer's (rows past R are never read: the kernels clamp or skip them), or here
+def _w16_xp(X, W, R, xp):
+    """X packed for the kernels of bf16-resident W that read it packed: its producer's ``xp``
+    (uint32 [≥R, K/2], C-contiguous: no mma_pack_x_k launch; rows past R are never read: the
+    kernels clamp or skip them), or packed here; None where they cannot run (K % 8 != 0, W not
+    C-contiguous or unaligned, X neither packed nor packable)."""
+    K = W.shape[1]
     if K % 8 == 0 and W.is_c_contiguous() and aligned(W):
         if xp is not None and xp.is_c_contiguous() and xp.shape[1] * 2 == K and aligned(xp):
-            Xp = xp
-        elif X.is_c_contiguous() and X.shape[1] == K and aligned(X):
-            Xp = _packed_x(X, R, K)
+            return xp
+        if X.is_c_contiguous() and X.shape[1] == K and aligned(X):
+            return _packed_x(X, R, K)
+    return None
+
+
+def _linear_w16(X, W, out, R, xp=None, flags=None, slot=-1):
+    """linear_mma_tc of bf16-resident W (uint16 [N, K]). ``xp``: X already packed by its producer
+    (see :func:`_w16_xp`), or None. ``flags``: the GEMV checks each output it stores for NaN/Inf
+    (flags[slot] = 1; the lm head's linear_flag). Returns whether it did (the GEMV's shapes; the
+    others leave the check to the caller)."""
+    N, K = W.shape
+    Xp = _w16_xp(X, W, R, xp)
     if Xp is not None and R >= W16_MIN_ROWS:
         launch(linear_mma_g16_k, ((N + G16_N - 1) // G16_N, (R + G16_M - 1) // G16_M), linear_mma_g16_k.threads,
                Xp, W.view(np.uint32), out.view(np.uint32), R)
@@ -924,7 +1004,7 @@ def _linear_w16(X, W, out, R, xp=None, flags=None, slot=-1):
         pdl = pdl_on()
         k = VD_PDL[(x, VD_WIDE_KT if wide else V16_KT)] if pdl else (VD_WIDE if wide else VD_KERNELS)[x]
         launch(k, ((N + 7) // 8, (R + 15) // 16), 32, Xp, W.view(np.uint32), out.view(np.uint32), R, flags, slot,
-               pdl=pdl)
+               None, pdl=pdl)
         return flags is not None
     else:  # K % 8 != 0 or unaligned: one warp per 16 × 8 tile, element loads
         tiles = ((R + 15) // 16) * ((N + 7) // 8)
@@ -973,6 +1053,26 @@ def linear_flag_mma_tc(X, W, out, R, flags, slot, xp=None):
         linear_mma_tc(X, W, out, R, xp)
     if not checked and R > 0:
         nonfinite_flag_cuda(out, R, flags, slot)
+
+
+def linear_swiglu_mma_tc(X, W, I, out, R, gu, xp=None, ox=None):
+    """exact-bf16 ``linear_swiglu_mma`` (the twin's signature): with bf16-resident W and fewer than
+    W16_MIN_ROWS rows one launch, the gate‖up GEMV storing silu(gate)·up (VD_GLU; ``gu`` not
+    written); otherwise ``linear_mma_tc`` into ``gu``, then ``swiglu_act``."""
+    if W.shape[0] != 2 * I or out.shape[0] < R or out.shape[1] < I or gu.shape[0] < R or gu.shape[1] < 2 * I:
+        raise ValueError(GLU_ERROR)
+    if ox is not None and (I % 2 != 0 or ox.shape[0] < R or 2 * ox.shape[1] < I):
+        raise ValueError(PACK_ERROR)  # as swiglu_act's
+    if R <= 0 or I == 0:
+        return
+    Xp = _w16_xp(X, W, R, xp) if W.dtype == np.uint16 and R < W16_MIN_ROWS else None
+    if Xp is None:
+        linear_mma_tc(X, W, gu, R, xp)
+        swiglu_act_cuda(gu, I, out, R, ox)
+        return
+    pdl = pdl_on()
+    launch(VD_GLU[(vd_rows(R), pdl)], ((I + 7) // 8, (R + 15) // 16), 32, Xp, W.view(np.uint32),
+           out.view(np.uint32), R, None, -1, ox, pdl=pdl)
 
 
 def compile_ptx_sm90(kernel=None) -> str:

@@ -337,6 +337,9 @@ def mma_cases(attn):
          [2, 4], rows=3)
     case("linear_flag_mma", "R2-K40-N9-finite", (r(2, 40), bf(r(9, 40, scale=0.2)), U((2, 9), F32), 2, U(2, np.int32), 0),
          [2, 4], rows=2)
+    # an MLP's input in exact-bf16 (linear_swiglu_mma): the gate‖up projection and its SwiGLU, pairs packed
+    case("linear_swiglu_mma", "bf16-R3-K40-I6-xp", (X, w16(12, 40, scale=0.5), 6, U((3, 6), F32), 3, U((3, 12), F32), XP,
+                                                    U((3, 3), np.uint32)), [3, 7], rows=3)
 
     # bf16 bits (uint16, w16): the weights an exact-bf16 engine keeps resident on CUDA
     case("linear_mma", "bf16-R5-K40-N9", (r(5, 40), w16(9, 40, scale=0.2), np.zeros((5, 9), F32), 5), [2], rows=5)

@@ -155,12 +155,21 @@ def test_engine_bits_with_and_without_packed_inputs(model):
     a._trace = object()  # a recording trace: faults flipped into an op's output reach its GEMMs
     assert a.xp("h", 2, H) is None
     a._trace = None
+    same_steps(a, b, ck)
+
+
+def same_steps(a, b, ck, primed=None):
+    """Engines ``a`` and ``b`` on ``ck`` give the same bits: a 20-row prime's logits and hidden
+    rows, a captured 5-row verify step, 3 decode steps, the cache digests and (with an MTP head)
+    3 MTP rows; ``primed()`` runs right after the prime."""
     ids = (np.arange(30) * 7 + 3) % ck.config.vocab_size
     sa, sb = a.new_session(40), b.new_session(40)
     la, ha = a.prime_chunk(sa, ids[:20])
     lb, hb = b.prime_chunk(sb, ids[:20])
     np.testing.assert_array_equal(bits(la), bits(lb))
     np.testing.assert_array_equal(bits(a.host(ha)), bits(b.host(hb)))
+    if primed is not None:
+        primed()
     la, _ = a.target_step(sa, ids[20:25], capture=True)
     lb, _ = b.target_step(sb, ids[20:25], capture=True)
     np.testing.assert_array_equal(bits(la), bits(lb))
@@ -216,3 +225,64 @@ def test_exact_bf16_engine_fuses_the_lm_head_flag_with_bf16_weights():
     lb, _ = eb.prime_chunk(sb, ids)
     np.testing.assert_array_equal(bits(la), bits(lb))
     assert calls == [7]  # X, W, out, R, flags, slot and the packed rows
+
+
+@pytest.mark.parametrize("model", ["tiny", "moe"])
+def test_exact_bf16_engine_fuses_the_swiglu_with_bf16_weights(model):
+    """With bf16-resident weights the exact-bf16 engine runs each MLP's gate‖up projection and
+    its SwiGLU (the dense MLPs' and the shared experts') as one op, ``linear_swiglu_mma`` (on a
+    GPU one GEMV launch, its epilogue storing silu(gate)·up); with float32 weights, and in a
+    traced step (bisect taps each op's output), the two ops. Logits, hidden rows, MTP rows and
+    cache digests are the same bits either way."""
+    from harness.engine.trace import Trace
+
+    if model == "tiny":
+        ck = load_checkpoint(default_model_path())
+    else:  # layer 0 dense, the others routed experts with a shared one
+        cfg = ModelConfig.from_dict(dict(MOE), model)
+        ck = Checkpoint(cfg, random_tensors(cfg, seed=7))
+    e16, eb = Engine(ck, "cpu", mode="exact-bf16"), Engine(ck, "cpu", mode="exact-bf16", weights="bf16")
+    calls = {id(e16): 0, id(eb): 0}
+    for e in (e16, eb):
+        def counted(*a, _e=e, _f=e.ops.linear_swiglu_mma):
+            calls[id(_e)] += 1
+            return _f(*a)
+        e.ops.linear_swiglu_mma = counted
+    mlps = sum(1 for L in eb.layers if not L["moe"] or L["shared"])
+
+    def primed():
+        assert calls[id(e16)] == 0 and calls[id(eb)] == mlps
+
+    same_steps(e16, eb, ck, primed)
+    n = calls[id(eb)]
+    assert n > 5 * mlps
+    st = eb.new_session(40)
+    st.trace = Trace(eb)
+    eb.prime_chunk(st, np.arange(9) + 3)
+    assert calls[id(eb)] == n  # traced: the two ops, each tapped
+    assert {"mlp_gu", "mlp_act"} <= {op for _, op in st.trace.names["trunk"]} and st.trace.steps
+
+
+def test_linear_swiglu_mma_is_the_two_ops():
+    """``linear_swiglu_mma``'s outputs and packed pairs are ``linear_mma`` then ``swiglu_act``'s,
+    from X or from its packed pairs; shapes that do not fit are one clear error."""
+    R, K, I = 3, 72, 10
+    X = (4 * rng.standard_normal((R, K))).astype(F32)
+    X[2, 5] = np.nan
+    W = ((rng.standard_normal((2 * I, K)) / np.sqrt(K)).astype(F32).view(np.uint32) >> 16).astype(np.uint16)
+    gu, want, wx = np.zeros((R, 2 * I), F32), np.zeros((R, I), F32), np.zeros((R, I // 2), np.uint32)
+    cpu.linear_mma(X, W, gu, R)
+    cpu.swiglu_act(gu, I, want, R, wx)
+    for xp in (None, np.ascontiguousarray(packed(X))):
+        out, ox = np.full((R, I), 7, F32), np.zeros((R, I // 2), np.uint32)
+        cpu.linear_swiglu_mma(X, W, I, out, R, np.zeros((R, 2 * I), F32), xp, ox)
+        np.testing.assert_array_equal(bits(out), bits(want))
+        np.testing.assert_array_equal(ox, wx)
+        np.testing.assert_array_equal(ox, packed(want))
+    with pytest.raises(ValueError, match=r"W must be \[2I, K\]"):
+        cpu.linear_swiglu_mma(X, W, I + 1, np.zeros((R, I + 1), F32), R, np.zeros((R, 2 * I + 2), F32))
+    with pytest.raises(ValueError, match="gu"):
+        cpu.linear_swiglu_mma(X, W, I, np.zeros((R, I), F32), R, np.zeros((R, I), F32))
+    W9 = W[np.r_[0:9, I:I + 9]]  # I = 9: no pairs to pack
+    with pytest.raises(ValueError, match="packed output"):
+        cpu.linear_swiglu_mma(X, W9, 9, np.zeros((R, 9), F32), R, np.zeros((R, 18), F32), None, np.zeros((R, 5), np.uint32))

@@ -128,11 +128,13 @@ _PTX = """
         from numba_kernels import cuda as kc, launch, linear as L, mma_tc
         u2 = types.Array(types.uint32, 2, "C")
         f1, f2, i64 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C"), types.int64
-        for (x, kt), k in sorted(mma_tc.VD_PDL.items())[:1] + [((1, 256), mma_tc.VD_KERNELS[1])]:
-            ptx, _ = cuda.compile_ptx(k.py_func, (u2, u2, u2, i64, types.none, i64), cc=(9, 0))
+        vd = [(8, kt, k) for (x, kt), k in sorted(mma_tc.VD_PDL.items())[:1]] + [(8, 256, mma_tc.VD_KERNELS[1])]
+        vd += [(16, 256, mma_tc.VD_GLU[(1, True)]), (16, 256, mma_tc.VD_GLU[(1, False)])]  # gate and up rows
+        for wrows, kt, k in vd:
+            ptx, _ = cuda.compile_ptx(k.py_func, (u2, u2, u2, i64, types.none, i64, types.none), cc=(9, 0))
             i = ptx.find("griddepcontrol.wait")
             out[k.py_func.__name__] = [ptx.count("griddepcontrol.wait"), ptx[:i].count("cp.async") if i >= 0 else None,
-                                       (mma_tc.V16_STAGES - 1) * 8 * (kt // 256)]
+                                       (mma_tc.V16_STAGES - 1) * wrows * (kt // 256)]
         cfg = dataclasses.replace(L.gemv_config(2048, 4096, 1, False, True), PDL=True)
         g = launch.Kernel(kc._NS["gemv_source"](cfg), launch._GEN_NS)
         ptx, _ = cuda.compile_ptx(g.disp.py_func, (f1, i64, f1, i64, i64, f2, i64, f1), cc=(9, 0))
@@ -152,7 +154,8 @@ _PTX = """
 
 def test_kernels_compile_with_the_pdl_instructions_where_it_is_on():
     """For sm_90 (PRIMEWALK_PDL=1, no GPU): the PDL bf16 GEMV waits once, after exactly its
-    prefetched W copies (stages - 1 stages of the warp's 8 rows); the plain one never waits; the
+    prefetched W copies (stages - 1 stages of the warp's 8 rows; the fused MLP input's 16: gate and
+    up rows); the plain one never waits; the
     PDL float32 GEMV waits once, after its first weight loads; the PDL recurrence once, after its
     state slice's loads; a producer triggers. With
     PRIMEWALK_PDL=0 neither instruction is emitted (an sm_80 GPU could not assemble them)."""
@@ -160,6 +163,9 @@ def test_kernels_compile_with_the_pdl_instructions_where_it_is_on():
     (pdl_name, (waits, before, want)), = [(n, v) for n, v in on.items() if n.startswith("linear_mma_vd") and "_pdl" in n]
     assert waits == 1 and before == want, on
     assert on["linear_mma_vd1_k"][0] == 0
+    waits, before, want = on["linear_swiglu_mma_vd1_pdl_k"]  # the fused MLP input: its 16 W rows' copies first
+    assert waits == 1 and before == want, on
+    assert on["linear_swiglu_mma_vd1_k"][0] == 0
     gname = next(n for n in on if n.startswith("gemv_"))
     assert gname.endswith("_pdl") and on[gname][0] == 1 and on[gname][1] > 0, on
     assert on["rmsnorm_k"] == [1]

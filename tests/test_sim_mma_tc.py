@@ -94,6 +94,37 @@ SCRIPT = textwrap.dedent(r'''
                     "same": same(got[:R], want[:R]) and bool((gf == wf).all()) and int(gf[1]) == int(bad),
                     "s": round(time.perf_counter() - t, 1), "kernels": sorted(LAUNCHES)})
 
+    def glu(R, K, I, kernel, packed=False, pairs=False, f32w=False):
+        """linear_swiglu_mma (the MLP's gate‖up projection and its SwiGLU): the SwiGLU's outputs
+        (and, with ``pairs``, their bf16 pairs; I even) as the twin's. Non-finite activations
+        and an ∞ weight reach some gates and ups; gates from about -40 to 40 (silu's tails)."""
+        X = (4 * rng.standard_normal((R, K))).astype(np.float32)
+        if R >= 3:
+            X[1, 5] = np.inf
+            X[R - 1, K - 1] = np.nan
+        Wb = ((rng.standard_normal((2 * I, K)) / np.sqrt(K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        Wb[min(3, I - 1), 7] = 0x7F80  # +inf: a gate
+        Wb[I + min(2, I - 1), 9] = 0xFF80  # -inf: an up
+        W = (Wb.astype(np.uint32) << 16).view(np.float32)
+        xp = None
+        if packed:
+            b = mma.f32_to_bf16(X).astype(np.uint32)
+            xp = np.ascontiguousarray(b[:, 0::2] | (b[:, 1::2] << 16))
+        want, wgu = np.zeros((R, I), np.float32), np.zeros((R, 2 * I), np.float32)
+        wox = np.zeros((R, I // 2), np.uint32) if pairs else None
+        cpu.linear_swiglu_mma(X, W, I, want, R, wgu, xp, wox)
+        out = cuda.to_device(np.full((R, I), 7.0, np.float32))
+        ox = cuda.to_device(np.full((R, I // 2), 7, np.uint32)) if pairs else None
+        t = time.perf_counter()
+        LAUNCHES.clear()
+        mt.linear_swiglu_mma_tc(cuda.to_device(X), cuda.to_device(W if f32w else Wb), I, out, R,
+                                cuda.to_device(np.zeros((R, 2 * I), np.float32)),
+                                None if xp is None else cuda.to_device(xp), ox)
+        ok = same(out.copy_to_host(), want) and (not pairs or bool((ox.copy_to_host() == wox).all()))
+        res.append({"case": f"linear_swiglu R{R} K{K} I{I} ({kernel}){' xp' if packed else ''}"
+                            f"{' pairs' if pairs else ''}{' f32w' if f32w else ''}",
+                    "same": ok, "s": round(time.perf_counter() - t, 1), "kernels": sorted(LAUNCHES)})
+
     def attention(R, hq, hkv, D, start, pos=False, nonfinite=False):
         ctx = start + R
         cap = ctx + (40 if pos else 0)
@@ -182,7 +213,20 @@ SCRIPT = textwrap.dedent(r'''
     mt.VD_WIDE_MAX_N = 4096
     linear(17, 1288, 8, "vd16_pdl")
     linear_flag(1, 264, 9, "vd1w_pdl", True)
+    glu(1, 2568, 12, "vd1g_pdl", packed=True, pairs=True)  # the fused MLP input (below)
     mt.pdl_on = launch_pdl_on
+    # the gate‖up GEMV with its SwiGLU as the epilogue (VD_GLU; 16 W rows a warp): I odd (a gate
+    # row past I clamped, its outputs not stored) and even with the packed pairs; whole slices
+    # spread over the pairs (1288: 24 copies a stage over 8 pairs) and the tail path; 16-row
+    # blocks on 3 stages; X packed by its producer; with PDL above
+    glu(1, 264, 9, "vd1g")
+    glu(2, 40, 12, "vd2g", pairs=True)
+    glu(6, 1288, 8, "vd8g", packed=True, pairs=True)
+    glu(17, 24, 10, "vd16g", pairs=True)
+    # ... and where the fused GEMV does not run: from 33 rows (the GEMM, then swiglu_act), float32
+    # weights
+    glu(33, 40, 8, "g16", pairs=True)
+    glu(3, 40, 8, "tc", f32w=True)
     # split-KV attention on the MMA: two tiles, the second part-filled; head_dim not a multiple
     # of 16 (24: dims past it +0 in Q and K, columns past it not stored); 17 query heads on one KV
     # head (two head groups); rows at 3 positions; the captured step's position with NaN K/V past it
@@ -226,7 +270,7 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
     res = json.loads(line[len("RESULT "):])
-    assert len(res) == 45
+    assert len(res) == 52
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"
     ran = {r["case"]: r.get("kernels", []) for r in res}
@@ -237,10 +281,15 @@ def test_mma_tc_kernels_under_the_simulator_bitwise():
     for case in ("linear R1 K264 N9 (vd1w)", "linear R6 K40 N8 (vd8)", "linear R33 K8 N8 (g16)"):
         assert "mma_pack_x_k" in ran[case] and "mma_pack_x_k" not in ran[case + " xp"], (case, ran[case + " xp"])
     for case, r in ran.items():  # the PDL cases ran the PDL kernels, the others the plain ones
-        vd = [k for k in r if k.startswith("linear_mma_vd")]
+        vd = [k for k in r if k.startswith(("linear_mma_vd", "linear_swiglu_mma_vd"))]
         assert all(k.endswith("_pdl_k") == ("_pdl)" in case) for k in vd), (case, r)
-    assert sum("_pdl)" in c for c in ran) == 7
+    assert sum("_pdl)" in c for c in ran) == 8
     assert "mma_pack_x_k" not in ran["linear R6 K40 N8 (vd8_pdl) xp"]
+    for case, r in ran.items():  # the fused GEMV stores the SwiGLU itself; elsewhere the two kernels
+        if case.startswith("linear_swiglu"):
+            fused = "g)" in case or "g_pdl)" in case
+            assert any(k.startswith("linear_swiglu_mma_vd") for k in r) == fused, (case, r)
+            assert any(k.startswith("swiglu_act") for k in r) != fused, (case, r)
     assert "nonfinite_flag_k" not in ran["linear_flag R1 K264 N9 (vd1w_pdl) nan"]
     assert "attention_mma_sk_k" in ran["attention R1 Hq3 Hkv1 D256 p70"]  # sQ at its largest head_dim
     assert "attention_mma_sk_k" in ran["attention R4 Hq4 Hkv2 D16 p20 nonfinite"]

@@ -276,9 +276,15 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
     for kern in (*mma_tc.VD_KERNELS.values(), *mma_tc.VD_WIDE.values(), *mma_tc.VD_PDL.values()):  # plain (flags None) and the lm head's
         name = kern.py_func.__name__
         if not only or name in only:
-            jobs.append((name, kern.py_func, (u2, u2, u2, types.int64, types.none, types.int64), {}))
+            jobs.append((name, kern.py_func, (u2, u2, u2, types.int64, types.none, types.int64, types.none), {}))
         if not only or name + "_flag" in only:
-            jobs.append((name + "_flag", kern.py_func, (u2, u2, u2, types.int64, i1, types.int64), {}))
+            jobs.append((name + "_flag", kern.py_func, (u2, u2, u2, types.int64, i1, types.int64, types.none), {}))
+    for kern in mma_tc.VD_GLU.values():  # the gate‖up GEMV with its SwiGLU: without and with the packed pairs
+        name = kern.py_func.__name__
+        if not only or name in only:
+            jobs.append((name, kern.py_func, (u2, u2, u2, types.int64, types.none, types.int64, types.none), {}))
+        if not only or name + "_xp" in only:
+            jobs.append((name + "_xp", kern.py_func, (u2, u2, u2, types.int64, types.none, types.int64, u2), {}))
     h2 = types.Array(types.uint16, 2, "C")
     if not only or "linear_mma_tc_k_w16" in only:  # bf16-resident W, K % 8 != 0
         jobs.append(("linear_mma_tc_k_w16", mma_tc.linear_mma_tc_k.py_func, (u2, h2, u2, types.int64), {}))

@@ -16,8 +16,10 @@ calls left out (a no-op while the step is captured), and timed alike. The differ
 op's launches cost the step in the graph: a fusion that removes them saves at most about that.
 Leaving an op out leaves its outputs as they were, so those steps compute garbage (NaN/Inf
 included: the engine's flag check is off for them); nothing reads their numbers. ``--ops`` entry
-``small`` leaves out every op but the GEMVs (``linear``, ``linear_flag``) and the embedding: what
-is left is the GEMVs' own time in the graph. Prints one line an op and writes the JSON (exit 0).
+``small`` leaves out every op but the GEMVs (``linear``, ``linear_flag``, ``linear_swiglu_mma``)
+and the embedding: what is left is the GEMVs' own time in the graph; ``linear`` leaves out the
+GEMVs but the lm head's (with exact-bf16's bf16 weights the MLP input's, ``linear_swiglu_mma``,
+its SwiGLU with it; ``swiglu_act`` then has no calls). Prints one line an op and writes the JSON (exit 0).
 
 ``--step draft``: the same for a chained MTP draft pass (``Engine.mtp_draft``, K = 3 after a
 two-row first pass, as the bench times it; ``--draft-vocab N`` drafting among the ids 0..N-1):
@@ -52,6 +54,8 @@ DEFAULT_OPS = SMALL + ("linear", "small")
 DRAFT_SMALL = ("embed", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "attention", "sigmoid_gate", "swiglu_act",
                "greedy_pick")
 DRAFT_OPS = DRAFT_SMALL + ("linear", "small")
+# "linear": every GEMV of the step, the MLP input's fused with its SwiGLU (exact-bf16, bf16 weights) among them
+LINEAR = ("linear", "linear_swiglu_mma")
 DRAFT_K = 3
 
 
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
         return 2
     small = DRAFT_SMALL if draft else SMALL
     ops = [o for o in (a.ops or ",".join(DRAFT_OPS if draft else DEFAULT_OPS)).split(",") if o]
-    known = set(small) | {"linear", "linear_flag", "embed", "small"}
+    known = set(small) | {"linear", "linear_flag", "linear_swiglu_mma", "embed", "small"}
     bad = [o for o in ops if o not in known]
     if bad:
         print(f"probe_marginal: unknown op {bad[0]!r} (known: {', '.join(sorted(known))})", file=sys.stderr)
@@ -184,7 +188,7 @@ def main(argv=None) -> int:
     real = eng.ops
     for op in ops:
         s = session()  # primed with every op
-        skip = Skipping(real, small if op == "small" else (op,))
+        skip = Skipping(real, small if op == "small" else LINEAR if op == "linear" else (op,))
         eng.ops, eng._raise_nonfinite = skip, lambda *args, **kw: None  # the garbage may be NaN
         try:
             without = timed(eng, s, a.reps)

@@ -272,10 +272,7 @@ class Engine:
         if not L["moe"]:
             I = L["inter"]
             gu, act, ax = ws("gu", R, 2 * I), ws("act", R, I), self.xp("act", R, I)
-            self._linear(h, L["gu"], gu, R, hx)
-            self._tap("mlp_gu", gu)
-            ops.swiglu_act(gu, I, act, R, ax)
-            self._tap("mlp_act", act)
+            self._gate_up(h, L["gu"], I, gu, act, R, hx, ax, "mlp_gu", "mlp_act")
             self._linear(act, L["down"], mix, R, ax)
             self._tap("mlp_down", mix)
             return mix
@@ -295,10 +292,7 @@ class Engine:
         if L["shared"]:
             S = cfg.shared_expert_intermediate_size
             sgu, sact, sx = ws("sgu", R, 2 * S), ws("sact", R, S), self.xp("sact", R, S)
-            self._linear(h, L["sgu"], sgu, R, hx)
-            self._tap("shared_gu", sgu)
-            ops.swiglu_act(sgu, S, sact, R, sx)
-            self._tap("shared_act", sact)
+            self._gate_up(h, L["sgu"], S, sgu, sact, R, hx, sx, "shared_gu", "shared_act")
             self._linear(sact, L["sdown"], sh, R, sx)
             self._tap("shared_down", sh)
             self._linear(h, L["sgate"], sgl, R, hx)
@@ -306,6 +300,19 @@ class Engine:
         ops.moe_combine(my, wts, sh, sgl, L["shared"], mix, R)
         self._tap("moe_combine", mix)
         return mix
+
+    def _gate_up(self, h, W, I, gu, act, R, hx, ax, gu_name, act_name):
+        """An MLP's gate‖up projection ``gu`` of ``h`` and its SwiGLU ``act`` (packed twin ``ax``).
+        In exact-bf16 with bf16-resident weights, outside a trace, one op (``linear_swiglu_mma``:
+        the GEMV's epilogue computes the SwiGLU; ``gu`` is scratch); otherwise the two, each
+        tapped (a traced step taps and faults each op's own output, as :meth:`_fused`)."""
+        if self.mode == "exact-bf16" and self._fused():  # there: bf16 weights, no trace
+            self.ops.linear_swiglu_mma(h, W, I, act, R, gu, hx, ax)
+            return
+        self._linear(h, W, gu, R, hx)
+        self._tap(gu_name, gu)
+        self.ops.swiglu_act(gu, I, act, R, ax)
+        self._tap(act_name, act)
 
     def _block(self, L, li, x, h, R, start, kc, vc, cache, capture, caps, pos=None):
         """Layer ``L`` on the residual stream ``x`` whose input norm the caller has written to

@@ -284,6 +284,26 @@ def packed_cases(rng, full, add):
     X = _r(rng, 5, 264)
     add("linear_mma", "R5-K264-N70-xp", (X, round_bf16(_r(rng, 70, 264, scale=264 ** -0.5)), U((5, 70), F32), 5,
                                          _packed(X)), [2])
+    # the MLP's gate‖up projection and its SwiGLU (linear_swiglu_mma): up to 32 rows the GEMV
+    # storing silu(gate)·up (every X-row kernel: 1, 2, 4, 8, 16 staged; bench-8l's I = 5632 and
+    # odd I, no pairs), from 33 rows, K % 8 != 0 and float32 weights the projection then
+    # swiglu_act; non-finite activations and weights
+    glu = [(1, 2048, 5632, True), (2, 520, 77, False), (3, 1096, 300, True), (5, 2048, 5632, True),
+           (8, 264, 130, True), (9, 776, 41, False), (16, 520, 300, True), (17, 264, 130, True),
+           (32, 264, 77, False), (33, 264, 130, True), (4, 1100, 64, True)]
+    for i, (R, K, I, pairs) in enumerate(glu if full else glu[4:5] + glu[9:]):
+        X = _r(rng, R, K, scale=4.0)
+        if R >= 3:  # a non-finite row among finite ones
+            X[R - 1, K // 3] = np.nan if i % 2 == 0 else np.inf
+        W = _w16(rng, 2 * I, K, scale=K ** -0.5)
+        W[min(5, I - 1), 3] = 0x7F80  # +inf: a gate
+        xp = _packed(X) if K % 8 == 0 else None
+        args = (X, W, I, U((R, I), F32), R, U((R, 2 * I), F32), xp, U((R, I // 2), np.uint32) if pairs else None)
+        add("linear_swiglu_mma", f"R{R}-K{K}-I{I}{'-pairs' if pairs else ''}", args, [3, 7] if pairs else [3])
+    X = _r(rng, 5, 264, scale=4.0)
+    add("linear_swiglu_mma", "R5-K264-I70-f32w", (X, round_bf16(_r(rng, 140, 264, scale=264 ** -0.5)), 70,
+                                                  U((5, 70), F32), 5, U((5, 140), F32), None, U((5, 35), np.uint32)),
+        [3, 7])
     # the lm head (linear_flag_mma): the bf16 GEMV checks each output as it stores it -- every
     # GEMV kernel by the rows it stages, the 512-k and 256-k rings, a wide vocabulary; a NaN row
     # (flagged), a NaN row past R (never stored: not flagged), an all-finite run (not flagged);
