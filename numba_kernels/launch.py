@@ -342,7 +342,8 @@ def scratch(name, n, dtype=np.float32, least=1 << 20):
 
 
 def zero_buffer(name, n, dtype=np.float32):
-    """A device buffer of ``n`` zeros that the kernels of ``name`` read (never write)."""
+    """A device buffer of ``n`` zeros that the kernels of ``name`` read, or write and leave zero
+    again before they end (``greedy_pick``'s done-counter)."""
     z = _OWNED.get(name)
     if z is None or z.size < n:
         _not_capturing(f"zero buffer {name!r}")

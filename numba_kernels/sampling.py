@@ -16,10 +16,10 @@ import math
 import numpy as np
 
 from .exact import ZERO
-from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, scratch, twin
+from .tags import barrier, block_size, body, cuda, fmul, kernel, launch, launcher, scratch, twin, zero_buffer
 
 PICK_THREADS = 256  # greedy_pick's block (block_size: 32 under the simulator)
-PICK_SPAN = 2048  # the logits one block of greedy_pick's first kernel scans
+PICK_LOADS = 4  # the logits a thread of greedy_pick reads (all in flight at once; the kernel spells out four)
 
 
 @twin("normalise", host=True)
@@ -105,46 +105,54 @@ def pick_block(bv, bi, sv, si, t, nt):
 
 
 @kernel
-def greedy_pick_part_k(logits, V, pv, pi):
-    """Block b: the first of logits[0, b·PICK_SPAN ..] into (pv[b], pi[b])."""
+def greedy_pick_k(logits, V, pv, pi, done, io, picked, slot):
+    """Block b: the first of its PICK_LOADS · blockDim logits into (pv[b], pi[b]); the last block
+    to finish (``done[0]``, a counter it leaves at zero again) takes the first of the G block
+    candidates and makes greedy_pick_cpu's stores. A thread's PICK_LOADS loads are issued before
+    any comparison; an index past the row reads the row's last logit (a real candidate again:
+    the order is total, so a repeat changes nothing)."""
     sv = cuda.shared.array(PICK_THREADS, np.float32)
     si = cuda.shared.array(PICK_THREADS, np.int32)
-    t, nt, b = cuda.threadIdx.x, cuda.blockDim.x, cuda.blockIdx.x
-    lo = b * PICK_SPAN
-    hi = min(lo + PICK_SPAN, V)
-    bv, bi = logits[0, lo], lo
-    for i in range(lo + t, hi, nt):
-        if pick_better(logits[0, i], i, bv, bi):
-            bv, bi = logits[0, i], i
+    last = cuda.shared.array(1, np.int32)
+    t, nt, b, G = cuda.threadIdx.x, cuda.blockDim.x, cuda.blockIdx.x, cuda.gridDim.x
+    top = V - 1
+    i0 = min(b * nt * PICK_LOADS + t, top)
+    i1 = min(i0 + nt, top)
+    i2 = min(i1 + nt, top)
+    i3 = min(i2 + nt, top)
+    bv, v1, v2, v3 = logits[0, i0], logits[0, i1], logits[0, i2], logits[0, i3]
+    bi = i0
+    if pick_better(v1, i1, bv, bi):
+        bv, bi = v1, i1
+    if pick_better(v2, i2, bv, bi):
+        bv, bi = v2, i2
+    if pick_better(v3, i3, bv, bi):
+        bv, bi = v3, i3
     pick_block(bv, bi, sv, si, t, nt)
     if t == 0:
         pv[b] = sv[0]
         pi[b] = si[0]
-
-
-@kernel
-def greedy_pick_final_k(pv, pi, G, io, picked, slot):
-    """The first of the G block candidates: the pick (greedy_pick_cpu's stores)."""
-    sv = cuda.shared.array(PICK_THREADS, np.float32)
-    si = cuda.shared.array(PICK_THREADS, np.int32)
-    t, nt = cuda.threadIdx.x, cuda.blockDim.x
-    bv, bi = pv[0], pi[0]
-    for j in range(t, G, nt):
-        if pick_better(pv[j], pi[j], bv, bi):
-            bv, bi = pv[j], pi[j]
-    pick_block(bv, bi, sv, si, t, nt)
-    if t == 0:
-        io[1] = si[0]
-        io[0] = io[0] + 1
-        picked[slot] = si[0]
+        cuda.threadfence()  # the candidate is visible to every block before this one counts itself done
+        last[0] = 1 if cuda.atomic.add(done, 0, 1) == G - 1 else 0
+    barrier()
+    if last[0] == 1:  # every other block's candidate is stored and visible
+        bv, bi = pv[0], pi[0]
+        for j in range(t, G, nt):
+            if pick_better(pv[j], pi[j], bv, bi):
+                bv, bi = pv[j], pi[j]
+        pick_block(bv, bi, sv, si, t, nt)
+        if t == 0:
+            io[1] = si[0]
+            io[0] = io[0] + 1
+            picked[slot] = si[0]
+            done[0] = 0  # for the next launch (a captured step replays this one)
 
 
 @launcher("greedy_pick")
 def greedy_pick_cuda(logits, io, picked, slot):
     V = logits.shape[1]
-    G = math.ceil(V / PICK_SPAN)
+    nt = block_size(PICK_THREADS)
+    G = math.ceil(V / (nt * PICK_LOADS))
     pv = scratch("greedy_pick.v", G, np.float32, 256)[:G]
     pi = scratch("greedy_pick.i", G, np.int32, 256)[:G]
-    nt = block_size(PICK_THREADS)
-    launch(greedy_pick_part_k, G, nt, logits, V, pv, pi)
-    launch(greedy_pick_final_k, 1, nt, pv, pi, G, io, picked, slot)
+    launch(greedy_pick_k, G, nt, logits, V, pv, pi, zero_buffer("greedy_pick.done", 1, np.int32), io, picked, slot)

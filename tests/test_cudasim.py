@@ -171,13 +171,13 @@ def test_bf16_weights_match_widened_float32_bitwise(sim):
 
 def test_greedy_steps_chain_on_the_device(sim):
     """Engine.decode_greedy's steps (bitwise: the test above) pick their successor's token on the
-    device (greedy_pick's two kernels), take no input from the host (no copy_i32: the captured
+    device (greedy_pick's kernel), take no input from the host (no copy_i32: the captured
     decode step's first kernel, which copies the host's token and position in), and replay."""
     steps = [s for s in sim["model"] if s["step"].startswith("greedy")]
     assert len(steps) == 2 and all(s["logits_bitwise"] and s["digest_equal"] for s in steps), steps
     # the first call's eager and captured steps launch through launch() (LAUNCHES counts them);
     # the second call only replays the two graphs
-    assert {"greedy_pick_part_k", "greedy_pick_final_k"} <= set(steps[0]["kernels"]), steps[0]
+    assert {"greedy_pick_k"} <= set(steps[0]["kernels"]), steps[0]
     assert steps[1]["kernels"] == [], steps[1]
     assert "copy_i32_k" not in steps[0]["kernels"], steps[0]
 
@@ -190,5 +190,5 @@ def test_draft_passes_chain_on_the_device(sim):
     steps = [s for s in sim["model"] if s["step"].startswith("draft")]
     assert len(steps) == 6 and all(s["logits_bitwise"] and s["digest_equal"] for s in steps), steps
     for first in (0, 3):
-        assert {"greedy_pick_part_k", "greedy_pick_final_k", "embed_k"} <= set(steps[first]["kernels"]), steps[first]
+        assert {"greedy_pick_k", "embed_k"} <= set(steps[first]["kernels"]), steps[first]
         assert steps[first + 2]["kernels"] == [], steps[first + 2]
