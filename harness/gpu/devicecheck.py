@@ -214,7 +214,7 @@ def op_cases(rng, full: bool = True):
     add("copy_i32", "n9", (rng.integers(-2 ** 31, 2 ** 31, 9).astype(np.int32), np.zeros(10, np.int32), 9), [1])
     # the greedy pick (numpy.argmax) at vocab sizes of one block, several and bench-8l's, with equal
     # maxima in different blocks, NaNs, signed zeros, all -inf
-    for V in ((7, 2049, 151936, 248320) if full else (7, 2049)):
+    for V in ((7, 2049, 151936, 248320, 300001) if full else (7, 2049)):  # 300,001: more blocks than threads
         lg = _r(rng, 1, V)
         add("greedy_pick", f"V{V}", (lg, np.array([511, 3], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
         ties = lg.copy()
