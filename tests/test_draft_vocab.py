@@ -297,6 +297,9 @@ def test_tools_time_drafts_among_a_draft_vocabulary(tmp_path, capsys):
     assert [r.get("first_draft_is_full_argmax_over_ids") for r in rows if r["k"] == 3] == [None, True, True]
     # the host's share: measured for every row, never more than the step it is part of
     assert all(0 < r["issue_ms"] <= r["draft_step_ms"] for r in rows), rows
+    # and what follows the wait (the picks' download); no graph replays on the CPU
+    assert all(0 < r["after_sync_ms"] <= r["draft_step_ms"] for r in rows), rows
+    assert all(r["first_replay_ms"] is None for r in rows), rows
     assert tool("probe_draft").main(["--out", str(out), "--sizes", "16", "--backend", "cpu", "--ncu-step", "3",
                                      "--model", default_model_path()]) == 0
     assert "profiled one 3-draft step among 16 ids" in capsys.readouterr().out

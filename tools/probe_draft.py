@@ -10,7 +10,9 @@ checks, once per N, that the drafts are the argmax of the full head's logits ove
     python tools/probe_draft.py --sizes 32768,16384 --ks 3 --backend cpu --model harness/models/tiny  # a dry run
 
 Each row also splits the step's wall time (``issue_ms``: from the call until the host has issued
-every pass and waits; the rest is the device finishing). ``--bench-dir DIR`` keeps bench-8l's
+every pass and waits; the rest is the device finishing; ``first_replay_ms``: from the call until
+the first captured pass is launched, time the device has nothing to run; ``after_sync_ms``: from
+the end of that wait until the call returns). ``--bench-dir DIR`` keeps bench-8l's
 files in DIR (built there once, loaded by later runs with the same random MTP head). Run under
 Nsight Compute for every kernel of one warm K-draft step among N ids:
 
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     eng = Engine(ck, a.backend, check_finite=True)
     V = eng.cfg.vocab_size
     ids = np.random.default_rng(0).integers(0, V, 512).tolist()
-    issued = _issue_marks(eng)
+    issued = _issue_marks(eng, graphs=a.backend == "cuda")
     if a.ncu_step:
         return _ncu_step(eng, ids, a.ncu_step, sizes[0] if sizes else None, a.backend == "cuda")
     clocks_before = sm_clocks()
@@ -83,9 +85,13 @@ def main(argv=None) -> int:
             iss = issued[bench.SPEC_STEP_WARMUP:]
             rows.append({"draft_vocab": n or V, "k": k, "draft_step_ms": bench._median(d) * 1e3,
                          "issue_ms": bench._median(iss) * 1e3 if len(iss) == len(d) else None,
+                         "first_replay_ms": _tail_median(issued.first, len(d)),
+                         "after_sync_ms": _tail_median(issued.tail, len(d)),
                          "over_decode": bench._median(d) * 1e3 / dec, "wall_s": time.perf_counter() - t0})
             print(f"N={n or V:7d} K={k} draft step {rows[-1]['draft_step_ms']:.3f} ms = "
-                  f"{rows[-1]['over_decode']:.3f} x decode; issued after {rows[-1]['issue_ms'] or float('nan'):.3f} ms",
+                  f"{rows[-1]['over_decode']:.3f} x decode; issued after {rows[-1]['issue_ms'] or float('nan'):.3f} ms"
+                  f" (first replay {rows[-1]['first_replay_ms'] or float('nan'):.3f}), "
+                  f"{rows[-1]['after_sync_ms'] or float('nan'):.3f} ms after the wait",
                   flush=True)
         if n is not None:  # the drafts are the full head's argmax over the draft vocabulary
             sess.cache.restore(snap)
@@ -106,27 +112,69 @@ def main(argv=None) -> int:
     return 0 if all(r.get("first_draft_is_full_argmax_over_ids", True) for r in rows) else 1
 
 
-def _issue_marks(eng):
+def _tail_median(xs, n):
+    """The median of the last ``n`` of ``xs`` in ms (the timed calls after the warm-up), None
+    when fewer were marked."""
+    return bench._median(xs[-n:]) * 1e3 if n and len(xs) >= n else None
+
+
+def _issue_marks(eng, graphs=False):
     """A list that gets, for every ``eng.mtp_draft`` call from now on, the seconds from the call
     until its first ``eng.B.synchronize()`` (``mtp_draft`` synchronizes once, after issuing all
-    its passes): the host's share of the step, the rest is the device finishing."""
-    marks, sync, draft = [], eng.B.synchronize, eng.mtp_draft
+    its passes): the host's share of the step, the rest is the device finishing. ``.first`` and
+    ``.tail`` (lists too) get, per call, the seconds from the call until its first graph replay
+    is issued (on CUDA with graphs: the device has nothing to run before it) and from that
+    synchronize's return until the call returns (the picks' download and what follows).
+    ``graphs``: patch ``Graph.replay`` for the first (CUDA only; a probe runs once a process)."""
+    marks, sync, draft = _Marks(), eng.B.synchronize, eng.mtp_draft
     state = {}
 
     def timed_sync(*args, **kw):
         if "t0" in state:
             marks.append(time.perf_counter() - state.pop("t0"))
+            out = sync(*args, **kw)
+            state["synced"] = time.perf_counter()
+            return out
         return sync(*args, **kw)
 
     def timed_draft(*args, **kw):
-        state["t0"] = time.perf_counter()
+        state.clear()
+        state["t0"] = state["call"] = time.perf_counter()
         try:
             return draft(*args, **kw)
         finally:
-            state.pop("t0", None)
+            if "synced" in state:
+                marks.tail.append(time.perf_counter() - state["synced"])
+            state.clear()
 
     eng.B.synchronize, eng.mtp_draft = timed_sync, timed_draft
+    if not graphs:  # the CPU twin: no captured passes, no replay marks
+        return marks
+    from numba_kernels.launch import Graph
+
+    replay = Graph.replay
+
+    def timed_replay(self):
+        if "call" in state and "replayed" not in state:
+            state["replayed"] = True
+            marks.first.append(time.perf_counter() - state["call"])
+        return replay(self)
+
+    Graph.replay = timed_replay
     return marks
+
+
+class _Marks(list):
+    """:func:`_issue_marks`' seconds to the first synchronize, with ``first`` and ``tail``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.tail = [], []
+
+    def clear(self):
+        super().clear()
+        self.first.clear()
+        self.tail.clear()
 
 
 def _ncu_step(eng, ids, k, n, profile=True):
