@@ -80,13 +80,13 @@ def main(argv=None) -> int:
         eng.set_draft_vocab(n)
         for k in ks:
             t0 = time.perf_counter()
-            issued.clear()
+            for m in issued.values():
+                m.clear()
             d, _ = bench._time_draft_verify(eng, sess, snap, k)
-            iss = issued[bench.SPEC_STEP_WARMUP:]
             rows.append({"draft_vocab": n or V, "k": k, "draft_step_ms": bench._median(d) * 1e3,
-                         "issue_ms": bench._median(iss) * 1e3 if len(iss) == len(d) else None,
-                         "first_replay_ms": _tail_median(issued.first, len(d)),
-                         "after_sync_ms": _tail_median(issued.tail, len(d)),
+                         "issue_ms": _tail_median(issued["issue"], len(d)),
+                         "first_replay_ms": _tail_median(issued["first"], len(d)),
+                         "after_sync_ms": _tail_median(issued["tail"], len(d)),
                          "over_decode": bench._median(d) * 1e3 / dec, "wall_s": time.perf_counter() - t0})
             print(f"N={n or V:7d} K={k} draft step {rows[-1]['draft_step_ms']:.3f} ms = "
                   f"{rows[-1]['over_decode']:.3f} x decode; issued after {rows[-1]['issue_ms'] or float('nan'):.3f} ms"
@@ -119,23 +119,25 @@ def _tail_median(xs, n):
 
 
 def _issue_marks(eng, graphs=False):
-    """A list that gets, for every ``eng.mtp_draft`` call from now on, the seconds from the call
-    until its first ``eng.B.synchronize()`` (``mtp_draft`` synchronizes once, after issuing all
-    its passes): the host's share of the step, the rest is the device finishing. ``.first`` and
-    ``.tail`` (lists too) get, per call, the seconds from the call until its first graph replay
-    is issued (on CUDA with graphs: the device has nothing to run before it) and from that
-    synchronize's return until the call returns (the picks' download and what follows).
-    ``graphs``: patch ``Graph.replay`` for the first (CUDA only; a probe runs once a process)."""
-    marks, sync, draft = _Marks(), eng.B.synchronize, eng.mtp_draft
+    """{name: list of seconds}, one entry a ``eng.mtp_draft`` call from now on: "issue", from the
+    call until its first ``eng.B.synchronize()`` (``mtp_draft`` synchronizes once, after issuing
+    all its passes): the host's share of the step, the rest is the device finishing; "first",
+    from the call until its first graph replay is issued (on CUDA with graphs: the device has
+    nothing to run before it); "tail", from that synchronize's return until the call returns
+    (the picks' download and what follows). ``graphs``: patch ``Graph.replay`` for "first"
+    (CUDA only; a probe runs once a process)."""
+    marks = {"issue": [], "first": [], "tail": []}
+    sync, draft = eng.B.synchronize, eng.mtp_draft
     state = {}
 
     def timed_sync(*args, **kw):
-        if "t0" in state:
-            marks.append(time.perf_counter() - state.pop("t0"))
-            out = sync(*args, **kw)
+        t0 = state.pop("t0", None)
+        if t0 is not None:
+            marks["issue"].append(time.perf_counter() - t0)
+        out = sync(*args, **kw)
+        if t0 is not None:
             state["synced"] = time.perf_counter()
-            return out
-        return sync(*args, **kw)
+        return out
 
     def timed_draft(*args, **kw):
         state.clear()
@@ -144,7 +146,7 @@ def _issue_marks(eng, graphs=False):
             return draft(*args, **kw)
         finally:
             if "synced" in state:
-                marks.tail.append(time.perf_counter() - state["synced"])
+                marks["tail"].append(time.perf_counter() - state["synced"])
             state.clear()
 
     eng.B.synchronize, eng.mtp_draft = timed_sync, timed_draft
@@ -157,24 +159,11 @@ def _issue_marks(eng, graphs=False):
     def timed_replay(self):
         if "call" in state and "replayed" not in state:
             state["replayed"] = True
-            marks.first.append(time.perf_counter() - state["call"])
+            marks["first"].append(time.perf_counter() - state["call"])
         return replay(self)
 
     Graph.replay = timed_replay
     return marks
-
-
-class _Marks(list):
-    """:func:`_issue_marks`' seconds to the first synchronize, with ``first`` and ``tail``."""
-
-    def __init__(self):
-        super().__init__()
-        self.first, self.tail = [], []
-
-    def clear(self):
-        super().clear()
-        self.first.clear()
-        self.tail.clear()
 
 
 def _ncu_step(eng, ids, k, n, profile=True):
