@@ -7,6 +7,8 @@
 #           TOOL=probe_draft bash tools/ab_decode.sh OUTDIR [probe_draft options, e.g. --sizes 32768 --ks 1,3]
 # (TOOL=probe_draft: the draft step of tools/probe_draft.py instead, --out given here; it prints
 # both trees' draft steps per vocabulary and K, and exits 0 when this tree's are all faster.)
+# BASE_ENV="VAR=value ..." instead of ab-base.tgz: the base side is this tree run with that environment
+# (a setting A/B'd against this side's THIS_ENV, e.g. BASE_ENV=PRIMEWALK_L2_PREFETCH=0).
 # ab-base.tgz is git-ignored: the device call carries it (the run tool's carry: ["ab-base.tgz"]). Writes
 # OUTDIR/{base,this}.{json,log} and prints, per row count, both whole-step times. Exit 0 when this
 # tree's step is faster at every row count and each captured step equals the same step run eagerly
@@ -22,16 +24,17 @@ if [ "${1:-}" = --pack ]; then
 fi
 out=${1:?usage: tools/ab_decode.sh OUTDIR [decode_profile options] | --pack REV}
 shift
-[ -f ab-base.tgz ] || { echo "tools/ab_decode.sh: no ab-base.tgz here (make it with --pack REV)" >&2; exit 2; }
+[ -n "${BASE_ENV:-}" ] || [ -f ab-base.tgz ] || { echo "tools/ab_decode.sh: no ab-base.tgz here (make it with --pack REV, or set BASE_ENV)" >&2; exit 2; }
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/nbcache}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2  # absolute: the base side runs in another directory
-base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2
 here=$PWD
+if [ -n "${BASE_ENV:-}" ]; then base=$here; else base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2; fi
 tool=${TOOL:-decode_profile}
 case $tool in decode_profile|probe_draft) ;; *) echo "tools/ab_decode.sh: TOOL must be decode_profile or probe_draft, not $tool" >&2; exit 2;; esac
 for side in base this; do
   dir=$here; [ $side = base ] && dir=$base
-  (cd "$dir" && PYTHONPATH=. timeout "${T:-200}" python tools/$tool.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
+  envs=${THIS_ENV:-}; [ $side = base ] && envs=${BASE_ENV:-}
+  (cd "$dir" && env $envs PYTHONPATH=. timeout "${T:-200}" python tools/$tool.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
   rc=$?
   echo "$side: $tool exit $rc"
   [ $rc = 0 ] || { tail -n 3 "$out/$side.log"; exit 2; }

@@ -244,6 +244,26 @@ def compile_all(recorded, only=None, ptxas=False, stretches=False, sass_dir=None
         return _compile_all(recorded, only, ptxas or bool(sass_dir), stretches, sass_dir)
 
 
+def _gemv_pdl_source(name):
+    """The source of GEMV ``name`` (a ``gemv_...`` kernel the simulator launched) as a captured
+    step launches it on an sm_90 device (``GemvCfg.with_pdl``: PDL, and the L2 prefetch of
+    ``PRIMEWALK_L2_PREFETCH``); None for any other kernel."""
+    import dataclasses
+    import re
+
+    from numba_kernels.linear import GemvCfg, gemv_source
+
+    m = re.fullmatch(r"gemv_(f32|bf16)_R(\d+)_ow(\d+)_og(\d+)_ng(\d+)_pf(\d+)_mo(\d+)(_scalar)?(?:_(flag|glu))?", name)
+    if m is None:
+        return None
+    c = GemvCfg(RB=int(m[2]), OW=int(m[3]), NOG=int(m[4]), NG=int(m[5]), PF=int(m[6]), MO=int(m[7]),
+                BF16=m[1] == "bf16", VEC=not m[8], EP=m[9] or "")
+    try:
+        return gemv_source(c.with_pdl())
+    except ValueError:  # an epilogue this tree does not have
+        return None
+
+
 def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
     # the kernels as an sm_90 device builds them: with programmatic dependent launch's
     # griddepcontrol instructions (numba_kernels.intrin.pdl_emit; PRIMEWALK_PDL=0 compiles without)
@@ -256,6 +276,11 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
 
     jobs = []
     for k in recorded:
+        pdl = _gemv_pdl_source(k["name"])  # the simulator never launches with PDL: its GEMVs' PDL builds too
+        if pdl is not None and (not only or pdl.name in only):
+            fn = launch.Kernel(pdl, launch._GEN_NS).disp.py_func
+            for sig in k["sigs"]:
+                jobs.append((pdl.name, fn, tuple(_numba_type(t) for t in sig), dict(pdl.jit)))
         if only and k["name"] not in only:
             continue
         if k["kind"] == "kernel":
