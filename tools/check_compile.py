@@ -246,9 +246,7 @@ def compile_all(recorded, only=None, ptxas=False, stretches=False, sass_dir=None
 
 def _gemv_pdl_source(name):
     """The source of GEMV ``name`` (a ``gemv_...`` kernel the simulator launched) as a captured
-    step launches it on an sm_90 device (``GemvCfg.with_pdl``: PDL, and the L2 prefetch of
-    ``PRIMEWALK_L2_PREFETCH``); None for any other kernel."""
-    import dataclasses
+    step launches it on an sm_90 device (``GemvCfg.with_pdl``); None for any other kernel."""
     import re
 
     from numba_kernels.linear import GemvCfg, gemv_source
