@@ -6,7 +6,11 @@
 #   device: bash tools/ab_decode.sh OUTDIR [decode_profile options, e.g. --mode exact-bf16 --rows 1,5]
 #           TOOL=probe_draft bash tools/ab_decode.sh OUTDIR [probe_draft options, e.g. --sizes 32768 --ks 1,3]
 # (TOOL=probe_draft: the draft step of tools/probe_draft.py instead, --out given here; it prints
-# both trees' draft steps per vocabulary and K, and exits 0 when this tree's are all faster.)
+# both trees' draft steps per vocabulary and K, and exits 0 when this tree's are all faster.
+# TOOL=bench_spec: the bench's speculative-decoding part alone, where #16's draft and verify goals
+# are taken -- harness bench --lengths 4096 --skip every other part, plus the options given --
+# printing both trees' stepwise decode, draft and verify steps; exit 0 when every draft step of
+# this tree is faster.)
 # BASE_ENV="VAR=value ..." instead of ab-base.tgz: the base side is this tree run with that environment
 # (a setting A/B'd against this side's THIS_ENV, e.g. BASE_ENV=PRIMEWALK_L2_PREFETCH=0).
 # ab-base.tgz is git-ignored: the device call carries it (the run tool's carry: ["ab-base.tgz"]). Writes
@@ -30,15 +34,44 @@ mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2  # absolute: the base side 
 here=$PWD
 if [ -n "${BASE_ENV:-}" ]; then base=$here; else base=$(mktemp -d) && tar xzf ab-base.tgz -C "$base" || exit 2; fi
 tool=${TOOL:-decode_profile}
-case $tool in decode_profile|probe_draft) ;; *) echo "tools/ab_decode.sh: TOOL must be decode_profile or probe_draft, not $tool" >&2; exit 2;; esac
+case $tool in decode_profile|probe_draft|bench_spec) ;; *) echo "tools/ab_decode.sh: TOOL must be decode_profile, probe_draft or bench_spec, not $tool" >&2; exit 2;; esac
 for side in base this; do
   dir=$here; [ $side = base ] && dir=$base
   envs=${THIS_ENV:-}; [ $side = base ] && envs=${BASE_ENV:-}
-  (cd "$dir" && env $envs PYTHONPATH=. timeout "${T:-200}" python tools/$tool.py --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
+  if [ $tool = bench_spec ]; then
+    cmd=(python -m harness.cli bench --lengths 4096 --skip hf,hf-bf16,profile,stdlib,walker,decode-32k,bf16,mma --budget-s 170)
+  else
+    cmd=(python tools/$tool.py)
+  fi
+  (cd "$dir" && env $envs PYTHONPATH=. timeout "${T:-200}" "${cmd[@]}" --out "$out/$side.json" "$@" > "$out/$side.log" 2>&1)
   rc=$?
   echo "$side: $tool exit $rc"
   [ $rc = 0 ] || { tail -n 3 "$out/$side.log"; exit 2; }
 done
+if [ $tool = bench_spec ]; then
+python3 - "$out/base.json" "$out/this.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"device: {b.get('device', 'not recorded')}")
+pa, pb = a["primewalk"], b["primewalk"]
+print(f"stepwise decode step {pa['decode_512_stepwise_step_ms']['median']:.3f} / {pb['decode_512_stepwise_step_ms']['median']:.3f} ms")
+ok = True
+for k in sorted(pa["spec"]):
+    sa, sb = pa["spec"][k], pb["spec"][k]
+    pairs = [("draft", sa["draft_step_ms"], sb["draft_step_ms"])]
+    if "draft_vocab" in sa and "draft_vocab" in sb:
+        pairs.append((f"draft among {sa['draft_vocab']['size']}", sa["draft_vocab"]["draft_step_ms"], sb["draft_vocab"]["draft_step_ms"]))
+    ok = ok and all(y < x for _, x, y in pairs)
+    print(f"{k}: " + ", ".join(f"{n} {x:.3f} / {y:.3f} ms" for n, x, y in pairs)
+          + f", verify {sa['verify_step_ms']:.3f} / {sb['verify_step_ms']:.3f} ms")
+for g in ("verify_step_over_decode", "draft_step_k3_draft_vocab_over_decode"):
+    va, vb = (d["goals"].get(g, {}).get("value") for d in (a, b))
+    if va is not None and vb is not None:
+        print(f"{g}: {va:.3f} / {vb:.3f}")
+sys.exit(0 if ok else 1)
+PY
+exit $?
+fi
 if [ $tool = probe_draft ]; then
 python3 - "$out/base.json" "$out/this.json" <<'PY'
 import json, sys
