@@ -19,7 +19,7 @@ from harness.engine.model import Engine  # noqa: E402
 from harness.engine.weights import load_checkpoint  # noqa: E402
 from harness.gpu import bench_report as rep  # noqa: E402
 from harness.gpu.bench import (BENCH_8L, OpProfile, _fill_random_context, attention_tflops, gemm_rates,  # noqa: E402
-                               profile_steps, spec_run, table)
+                               SPEC_STEP_REPS, profile_steps, spec_run, table)
 from harness.models import default_model_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +127,9 @@ def test_profiles_attention_rate_and_gemm_rates(eng):
 def test_spec_run_measures_steps_and_keeps_greedy_tokens(eng):
     r = spec_run(eng, list(range(1, 50)), 2, new_tokens=8)
     assert r["same_tokens"] and r["draft_step_ms"] > 0 and r["verify_step_ms"] > 0
+    for what in ("draft", "verify"):  # the spread behind each median, over the timed steps
+        rg = r[f"{what}_step_ms_range"]
+        assert rg["n"] == SPEC_STEP_REPS and rg["min"] <= r[f"{what}_step_ms"] <= rg["max"]
     assert r["mean_acceptance_length"] >= 1.0 and r["draft_chained_equals_stepwise"] is True
     assert "draft_vocab" not in r and eng.draft_ids is None
 
@@ -135,6 +138,7 @@ def test_spec_run_times_the_draft_step_with_a_draft_vocabulary_too(eng):
     r = spec_run(eng, list(range(1, 50)), 3, new_tokens=8, draft_vocab=64, draft_vocab_curve=(32, 8))
     dv = r["draft_vocab"]
     assert dv["size"] == 64 and dv["draft_step_ms"] > 0 and dv["same_tokens"] and dv["draft_chained_equals_stepwise"]
+    assert dv["draft_step_ms_range"]["min"] <= dv["draft_step_ms"] <= dv["draft_step_ms_range"]["max"]
     assert set(dv["draft_step_ms_by_size"]) == {"32", "8"} and min(dv["draft_step_ms_by_size"].values()) > 0
     assert eng.draft_ids is None  # the engine drafts over the whole vocabulary again
     assert "draft_vocab" not in spec_run(eng, list(range(1, 50)), 1, new_tokens=4, draft_vocab=eng.cfg.vocab_size)

@@ -61,7 +61,9 @@ SKIPPABLE = ("hf", "hf-bf16", "profile", "spec", "stdlib", "walker", "decode-32k
 SPEC_KS = (1, 2, 3, 4)
 # a draft and a verify step are timed SPEC_STEP_WARMUP + SPEC_STEP_REPS times, the median of the
 # last SPEC_STEP_REPS counts (7 until 6356ab9: a step's run-to-run spread on the H200, ~0.1 ms,
-# was as large as the differences between K; receipts/probes/README.md)
+# was as large as the differences between K; receipts/probes/README.md); their least and most go
+# beside it (draft_step_ms_range, verify_step_ms_range: two H100s differed by ~0.1 ms at one code,
+# receipts/probes/h100-bench-recheck-abe1920/)
 SPEC_STEP_WARMUP, SPEC_STEP_REPS = 2, 15
 # a speculative continuation is timed on its third run (spec_run: every step shape it meets is
 # replayed then, none captured)
@@ -108,6 +110,12 @@ def _sync():
 
 def _median(xs):
     return float(np.median(np.asarray(xs, dtype=np.float64)))
+
+
+def _ms_range(xs):
+    """{min, max, n} of step times ``xs`` (seconds) in ms: the spread behind a median, which
+    differs most between machines for the draft and verify steps (host work timed in full)."""
+    return {"min": float(min(xs)) * 1e3, "max": float(max(xs)) * 1e3, "n": len(xs)}
 
 
 class Timer:
@@ -475,15 +483,17 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
            "same_tokens": spec.tokens == plain.tokens,
            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
            "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
+           "draft_step_ms_range": _ms_range(d_s), "verify_step_ms_range": _ms_range(v_s),
            "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
     if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
         eng.set_draft_vocab(draft_vocab)
         try:
             dv, _ = steady(lambda s: continue_spec(eng, s, run_prime(eng, s, prompt, k).prepared, new_tokens, k))
+            dv_s = _time_draft_verify(eng, sess, snap, k)[0]
             out["draft_vocab"] = {"size": draft_vocab, "spec_tokens_per_s": dv.tokens_per_s,
                                   "same_tokens": dv.tokens == plain.tokens,
                                   "mean_acceptance_length": float(dv.metrics["mean_acceptance_length"]),
-                                  "draft_step_ms": _median(_time_draft_verify(eng, sess, snap, k)[0]) * 1e3,
+                                  "draft_step_ms": _median(dv_s) * 1e3, "draft_step_ms_range": _ms_range(dv_s),
                                   "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
             by = {}
             for n in draft_vocab_curve:
@@ -836,12 +846,16 @@ def table(r) -> str:
     out += [f"{a:24s} {v(b):>12s} {v(c):>12s} {v(d):>12s}" for a, b, c, d in rows if b is not None]
     for label, spec in (("bench-8l", m.get("spec") or {}),
                         ("stdlib-small", (r.get("stdlib_small") or {}).get("spec", {}) if isinstance(r.get("stdlib_small"), dict) else {})):
+        def spread(d, what):  # the timed steps' least and most, where the run recorded them
+            g = d.get(f"{what}_step_ms_range")
+            return f" ({g['min']:.2f}-{g['max']:.2f})" if isinstance(g, dict) else ""
         for k, s in spec.items():
             out.append(f"spec {label} {k}: {s['spec_tokens_per_s']:.1f} tok/s (plain {s['plain_tokens_per_s']:.1f}), "
-                       f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms, "
-                       f"verify step {s['verify_step_ms']:.2f} ms, same tokens {s['same_tokens']}"
+                       f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms"
+                       f"{spread(s, 'draft')}, verify step {s['verify_step_ms']:.2f} ms{spread(s, 'verify')}, "
+                       f"same tokens {s['same_tokens']}"
                        + (f"; among {s['draft_vocab']['size']} ids: draft step {s['draft_vocab']['draft_step_ms']:.2f} ms"
-                          if isinstance(s.get("draft_vocab"), dict) else ""))
+                          f"{spread(s['draft_vocab'], 'draft')}" if isinstance(s.get("draft_vocab"), dict) else ""))
     sg = r.get("sgemm") or {}
     out.append(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; decode floor {r['decode_floor_ms']:.3f} "
                f"ms/token; sgemm {max((x['tflops'] for x in sg.values()), default=float('nan')):.1f} TFLOP/s")
