@@ -203,3 +203,46 @@ def test_record_passes_launch_keywords_through(tmp_path):
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith(chk.MARK))
     rec = json.loads(line[len(chk.MARK):])
     assert [k["name"] for k in rec["kernels"]] == ["rmsnorm_k"] and not rec["missed"] and not rec["not_bitwise"]
+
+
+_RECORD_GEMV = r"""
+import os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+import numpy as np
+from numba import cuda
+import cudasim_run
+import check_compile as chk
+from numba_kernels import cuda as kc
+
+
+def one_case():  # one GEMV, launched as the simulator launches it: without PDL
+    X, W = np.ones((1, 64), np.float32), np.ones((40, 64), np.float32)
+    kc.gemv(cuda.to_device(X), cuda.to_device(W), cuda.to_device(np.zeros((1, 40), np.float32)), 1)
+    cudasim_run.CASES.append({"kernels": sorted(kc.LAUNCHES), "bitwise": True, "cuda_op": "gemv", "case": "one"})
+
+
+cudasim_run.op_cases = one_case
+sys.exit(chk.record())
+"""
+
+
+def test_record_adds_the_pdl_build_of_a_gemv_the_simulator_launched(tmp_path):
+    """A captured step on sm_90 launches a GEMV's PDL build (GemvCfg.with_pdl), which the simulator
+    never launches: the record step notes it beside the launched build, with the same argument
+    types, its source waiting in pdl_wait() (so step 2 compiles both)."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "rec.py"
+    script.write_text(_RECORD_GEMV)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=root)
+    p = subprocess.run([sys.executable, str(script), root], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith(chk.MARK))
+    ks = json.loads(line[len(chk.MARK):])["kernels"]
+    assert len(ks) == 2 and all(k["kind"] == "generated" for k in ks), [k["name"] for k in ks]
+    plain, pdl = ks
+    assert plain["name"].startswith("gemv_f32_") and pdl["name"] == plain["name"] + "_pdl"
+    assert pdl["sigs"] == plain["sigs"] and len(plain["sigs"]) == 1
+    assert "pdl_wait()" in pdl["text"] and "pdl_wait()" not in plain["text"]

@@ -81,23 +81,28 @@ def record() -> int:
     seen: dict = {}
     run = kc._NS["launch"]
 
-    def recording_launch(kernel, grid, block, *args, **kw):
-        """The launchers' ``launch`` (they look it up in the CUDA namespace): note what is launched
-        with which argument types, then launch it as before."""
-        if isinstance(kernel, launch.Kernel):
-            made = next(((g, c) for (g, c), k in launch._GENERATED.items() if k is kernel), None)
-            src = made[0](made[1])  # the generator's KernelSource again: its text and jit options
-            key = ("generated", src.name)
-            what = {"kind": "generated", "name": src.name, "text": src.text, "threads": src.threads,
-                    "smem": src.smem, "jit": [list(kv) for kv in src.jit]}
-        else:
-            name = getattr(getattr(kernel, "py_func", kernel), "__name__", "?")
-            key = ("kernel", name)
-            what = {"kind": "kernel", "name": name}
-        sig = [_type_of(a) for a in args]
+    def note(key, what, sig):
         entry = seen.setdefault(key, dict(what, sigs=[]))
         if sig not in entry["sigs"]:
             entry["sigs"].append(sig)
+
+    def recording_launch(kernel, grid, block, *args, **kw):
+        """The launchers' ``launch`` (they look it up in the CUDA namespace): note what is launched
+        with which argument types, then launch it as before."""
+        sig = [_type_of(a) for a in args]
+        if isinstance(kernel, launch.Kernel):
+            gen, cfg = next(((g, c) for (g, c), k in launch._GENERATED.items() if k is kernel), (None, None))
+            # the simulator never launches with PDL; a captured step on sm_90 launches the PDL build of
+            # a configuration that has one (GemvCfg, GdnCfg: with_pdl): record that build too
+            pdl = cfg.with_pdl() if hasattr(cfg, "with_pdl") else cfg
+            for c in (cfg, pdl) if pdl != cfg else (cfg,):
+                src = gen(c)  # the generator's KernelSource again: its text and jit options
+                note(("generated", src.name), {"kind": "generated", "name": src.name, "text": src.text,
+                                               "threads": src.threads, "smem": src.smem,
+                                               "jit": [list(kv) for kv in src.jit]}, sig)
+        else:
+            name = getattr(getattr(kernel, "py_func", kernel), "__name__", "?")
+            note(("kernel", name), {"kind": "kernel", "name": name}, sig)
         return run(kernel, grid, block, *args, **kw)  # kw: pdl (launch.launch)
 
     kc._NS["launch"] = recording_launch
@@ -244,24 +249,6 @@ def compile_all(recorded, only=None, ptxas=False, stretches=False, sass_dir=None
         return _compile_all(recorded, only, ptxas or bool(sass_dir), stretches, sass_dir)
 
 
-def _gemv_pdl_source(name):
-    """The source of GEMV ``name`` (a ``gemv_...`` kernel the simulator launched) as a captured
-    step launches it on an sm_90 device (``GemvCfg.with_pdl``); None for any other kernel."""
-    import re
-
-    from numba_kernels.linear import GemvCfg, gemv_source
-
-    m = re.fullmatch(r"gemv_(f32|bf16)_R(\d+)_ow(\d+)_og(\d+)_ng(\d+)_pf(\d+)_mo(\d+)(_scalar)?(?:_(flag|glu))?", name)
-    if m is None:
-        return None
-    c = GemvCfg(RB=int(m[2]), OW=int(m[3]), NOG=int(m[4]), NG=int(m[5]), PF=int(m[6]), MO=int(m[7]),
-                BF16=m[1] == "bf16", VEC=not m[8], EP=m[9] or "")
-    try:
-        return gemv_source(c.with_pdl())
-    except ValueError:  # an epilogue this tree does not have
-        return None
-
-
 def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
     # the kernels as an sm_90 device builds them: with programmatic dependent launch's
     # griddepcontrol instructions (numba_kernels.intrin.pdl_emit; PRIMEWALK_PDL=0 compiles without)
@@ -274,11 +261,6 @@ def _compile_all(recorded, only, ptxas, stretches=False, sass_dir=None):
 
     jobs = []
     for k in recorded:
-        pdl = _gemv_pdl_source(k["name"])  # the simulator never launches with PDL: its GEMVs' PDL builds too
-        if pdl is not None and (not only or pdl.name in only):
-            fn = launch.Kernel(pdl, launch._GEN_NS).disp.py_func
-            for sig in k["sigs"]:
-                jobs.append((pdl.name, fn, tuple(_numba_type(t) for t in sig), dict(pdl.jit)))
         if only and k["name"] not in only:
             continue
         if k["kind"] == "kernel":
@@ -429,7 +411,7 @@ def _recorded():
         print(f"check_compile: the simulator run failed: {tail[0]}", file=sys.stderr)
         return None
     rec = json.loads(line[len(MARK):])
-    print(f"simulator: {len(rec['kernels'])} kernels launched by the op cases in {time.perf_counter() - t0:.0f} s"
+    print(f"simulator: {len(rec['kernels'])} kernels launched by the op cases (with the GEMVs' and recurrence's PDL builds) in {time.perf_counter() - t0:.0f} s"
           + (f"; NOT bitwise: {rec['not_bitwise']}" if rec["not_bitwise"] else "")
           + (f"; launched but not recorded (not compiled here): {rec['missed']}" if rec["missed"] else ""), flush=True)
     return rec

@@ -844,11 +844,12 @@ def table(r) -> str:
             (f"decode @{m.get('context_32k', '32k')} ms/tok", m.get("decode_32k_ms_per_token"), None, None)]
     out.append(f"{'measure':24s} {'primewalk':>12s} {'hf fp32':>12s} {'hf bf16':>12s}")
     out += [f"{a:24s} {v(b):>12s} {v(c):>12s} {v(d):>12s}" for a, b, c, d in rows if b is not None]
+    def spread(d, what):  # the timed steps' least and most, where the run recorded them
+        g = d.get(f"{what}_step_ms_range")
+        return f" ({g['min']:.2f}-{g['max']:.2f})" if isinstance(g, dict) else ""
+
     for label, spec in (("bench-8l", m.get("spec") or {}),
                         ("stdlib-small", (r.get("stdlib_small") or {}).get("spec", {}) if isinstance(r.get("stdlib_small"), dict) else {})):
-        def spread(d, what):  # the timed steps' least and most, where the run recorded them
-            g = d.get(f"{what}_step_ms_range")
-            return f" ({g['min']:.2f}-{g['max']:.2f})" if isinstance(g, dict) else ""
         for k, s in spec.items():
             out.append(f"spec {label} {k}: {s['spec_tokens_per_s']:.1f} tok/s (plain {s['plain_tokens_per_s']:.1f}), "
                        f"acceptance length {s['mean_acceptance_length']:.2f}, draft step {s['draft_step_ms']:.2f} ms"
