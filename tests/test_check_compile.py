@@ -188,20 +188,26 @@ sys.exit(chk.record())
 """
 
 
-def test_record_passes_launch_keywords_through(tmp_path):
-    """The simulator step records a launch made with ``pdl=True`` (launch.launch's keyword) and
-    launches it: before, its recording stand-in took positional arguments only and the whole run
-    failed at the first such launch."""
+def _record(tmp_path, script_text):
+    """Run ``script_text`` (a stand-in op_cases, then check_compile.record) under the simulator;
+    return the JSON record it prints."""
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = tmp_path / "rec.py"
-    script.write_text(_RECORD_PDL)
+    script.write_text(script_text)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=root)
     p = subprocess.run([sys.executable, str(script), root], cwd=root, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith(chk.MARK))
-    rec = json.loads(line[len(chk.MARK):])
+    return json.loads(line[len(chk.MARK):])
+
+
+def test_record_passes_launch_keywords_through(tmp_path):
+    """The simulator step records a launch made with ``pdl=True`` (launch.launch's keyword) and
+    launches it: before, its recording stand-in took positional arguments only and the whole run
+    failed at the first such launch."""
+    rec = _record(tmp_path, _RECORD_PDL)
     assert [k["name"] for k in rec["kernels"]] == ["rmsnorm_k"] and not rec["missed"] and not rec["not_bitwise"]
 
 
@@ -231,16 +237,7 @@ def test_record_adds_the_pdl_build_of_a_gemv_the_simulator_launched(tmp_path):
     """A captured step on sm_90 launches a GEMV's PDL build (GemvCfg.with_pdl), which the simulator
     never launches: the record step notes it beside the launched build, with the same argument
     types, its source waiting in pdl_wait() (so step 2 compiles both)."""
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = tmp_path / "rec.py"
-    script.write_text(_RECORD_GEMV)
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=root)
-    p = subprocess.run([sys.executable, str(script), root], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    line = next(ln for ln in p.stdout.splitlines() if ln.startswith(chk.MARK))
-    ks = json.loads(line[len(chk.MARK):])["kernels"]
+    ks = _record(tmp_path, _RECORD_GEMV)["kernels"]
     assert len(ks) == 2 and all(k["kind"] == "generated" for k in ks), [k["name"] for k in ks]
     plain, pdl = ks
     assert plain["name"].startswith("gemv_f32_") and pdl["name"] == plain["name"] + "_pdl"
