@@ -406,8 +406,42 @@ def test_captured_steps_take_position_and_ids_from_mapped_memory():
         seen.clear()
         runner.run(cache, ("trunk", 2), body, {"ids": np.array(ids, np.int32)}, start, lambda: [])
         assert seen[-1].tolist() == ids + [start]
-    graph, out, own, head = cache.graphs[("trunk", 2)]
-    assert head.tolist() == [8, 4, 4]
+    graph, out, own, head, rows = cache.graphs[("trunk", 2)]
+    assert head.tolist() == [8, 4, 4] and rows == {}
+
+
+def test_captured_steps_take_host_rows_from_mapped_memory(monkeypatch):
+    """A captured step's other inputs given as host arrays of 4-byte items (an MTP pass's hidden
+    rows, the draft chain's start) reach a replay through the same mapped buffer as its position
+    and ids, each from a 16-byte boundary, with no copy call; the capture key says which inputs
+    came that way."""
+    runner, cache = _stand_in_runner()
+    copies = []
+    base = runner.B.copy_into
+    monkeypatch.setattr(runner.B, "copy_into", lambda d, s: (copies.append(np.array(s)), base(d, s)))
+    seen = []
+
+    def body(inp, at, pos):
+        seen.append((np.array(inp["ids"]).tolist(), np.array(inp["hin"]).tolist(), np.array(inp["io0"]).tolist(),
+                     at + int(pos[0])))
+        return len(seen)
+    key = ("draft", 3)
+    for step in range(4):
+        ids = [step, step + 1, step + 2]
+        hin = (np.arange(6, dtype=np.float32).reshape(3, 2) + 0.5 * step).astype(np.float32)
+        io0 = np.array([10 + step, 0], np.int32)
+        copies.clear()
+        runner.run(cache, key, body, {"ids": ids, "hin": hin, "io0": io0}, 20 + step, lambda: [])
+        assert seen[-1] == (ids, hin.tolist(), io0.tolist(), 20 + step)
+        if step >= 1:  # captured, then replayed: nothing copied by a driver copy call
+            assert copies == [], copies
+    mkey = key + (("mapped", "hin", "io0"),)
+    assert mkey in cache.graphs and key not in cache.graphs
+    graph, out, own, head, rows = cache.graphs[mkey]
+    # [pos, 3 ids] | 6 float32 words from word 4 | 2 int32 words from word 12 (16-byte boundaries)
+    assert head.shape == (14,) and head[:4].tolist() == [23, 3, 4, 5]
+    assert head[4:10].view(np.float32).tolist() == hin.tolist()[0] + hin.tolist()[1] + hin.tolist()[2]
+    assert head[12:14].tolist() == [13, 0] and sorted(rows) == ["hin", "io0"]
 
 
 def test_chained_steps_run_eagerly_then_capture_then_replay():

@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from .backend import host_view
+
 GRAPH_MAX_ROWS = 8  # steps of at most this many rows are captured and replayed
 
 
@@ -50,38 +52,61 @@ class StepRunner:
         ``cache`` runs eagerly with the position on the device (:attr:`pos`; compiling and
         allocating what it needs); the second captures the body with its own copies of the
         inputs; every later call copies the new inputs into those copies and replays. A
-        capture's position and token ids (input ``ids``) share one int32 buffer, ``[pos, ids...]``,
-        which the graph's first kernel (``copy_i32``) fills from a twin in mapped host memory:
-        a replay writes the host side and launches, no copy call (the caller synchronises
-        before the next replay: every step downloads its logits). ``keep()``: the buffers a
-        capture reads or writes besides its inputs, kept alive as long as the graph."""
+        capture's position, its token ids (input ``ids``) and its other inputs given as host
+        arrays of 4-byte items (an MTP pass's hidden rows) share one int32 buffer, ``[pos,
+        ids..., rows...]`` (each input from a 16-byte boundary), which the graph's first kernel
+        (``copy_i32``) fills from a twin in mapped host memory: a replay writes the host side
+        and launches, no copy call (a driver copy of a host array waits for the device and
+        costs the host ~10 µs; the caller synchronises before the next replay). Inputs given
+        as device arrays are copied into the capture's own arrays; the capture key records
+        which inputs came from the host (a step called both ways has a capture of each).
+        ``keep()``: the buffers a capture reads or writes besides its inputs, kept alive as
+        long as the graph."""
         if key is None:
             return body({n: self._upload(n, v) for n, v in inputs.items()}, start, None)
         B = self.B
+        mapped = tuple(n for n, v in inputs.items() if n != "ids" and isinstance(v, np.ndarray) and v.dtype.itemsize == 4)
+        if mapped:
+            key = key + (("mapped",) + mapped,)
+        nids = len(inputs["ids"]) if "ids" in inputs else 0
 
         def eager():
             B.copy_into(self.pos, np.array([start], np.int32))
             return body({n: self._upload(n, v) for n, v in inputs.items()}, 0, self.pos)
 
         def capture():
-            io = B.empty((1 + (len(inputs["ids"]) if "ids" in inputs else 0),), np.int32)
-            head = B.mapped_zeros(io.shape, np.int32)
-            own = {n: io[1:] if n == "ids" else B.empty(v.shape, v.dtype) for n, v in inputs.items()}
+            offs, words = {}, 1 + nids
+            for n in mapped:
+                offs[n] = words = -(-words // 4) * 4
+                words += inputs[n].size
+            io = B.empty((words,), np.int32)
+            head = B.mapped_zeros((words,), np.int32)
+            own, rows = {}, {}
+            for n, v in inputs.items():
+                if n == "ids":
+                    own[n] = io[1:1 + nids]
+                elif n in offs:
+                    own[n] = io[offs[n]:offs[n] + v.size].view(v.dtype).reshape(v.shape)
+                    rows[n] = host_view(head)[offs[n]:offs[n] + v.size].view(v.dtype).reshape(v.shape)
+                else:
+                    own[n] = B.empty(v.shape, v.dtype)
 
             def step():
-                self.ops.copy_i32(head, io, io.shape[0])
+                self.ops.copy_i32(head, io, words)
                 return body(own, 0, io[0:1])
             graph, out = self.ops.capture(step, [io, head, *keep(), *own.values()])
-            return graph, out, own, head
+            return graph, out, own, head, rows
 
         g, out = self._graph(cache, key, eager, capture)
         if g is None:
             return out
-        graph, out, own, head = g
+        graph, out, own, head, rows = g
         head[0] = start  # mapped: the previous replay read it before that step's download returned
         for n, v in inputs.items():
             if n == "ids":
-                head[1:] = v
+                head[1:1 + nids] = v
+            elif n in rows:
+                rows[n][...] = v
             else:
                 B.copy_into(own[n], v)
         graph.replay()

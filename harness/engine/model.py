@@ -864,14 +864,15 @@ class Engine:
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
         keep = [io, picked, dh, head[0], table]
         gen = self._draft_gen
-        B.copy_into(io, np.array([start + n - 1, 0], np.int32))  # the first pick moves it to start + n
+        io0 = np.array([start + n - 1, 0], np.int32)  # io's start: the first pick moves it to start + n
 
         def first(inp, at, pos):
+            self.ops.copy_i32(inp["io0"], io, 2)  # an input of the step: no driver copy of its own
             self._mtp_pass(inp["ids"], self.embed, inp["hin"], n, at, pos, c, flags, dh[:n])
             self.ops.greedy_pick(self._lm_head(dh, n, 1, None, -1, None, head), io, picked, 0)
 
         try:
-            self._step(c, graph_key("draft", n, "draft", gen), first, {"ids": ids, "hin": hin}, start, keep)
+            self._step(c, graph_key("draft", n, "draft", gen), first, {"ids": ids, "hin": hin, "io0": io0}, start, keep)
             for i in range(1, chain):
                 r = n if i == 1 else 1  # the previous pass's rows: its last row feeds this one
 
