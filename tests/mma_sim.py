@@ -9,9 +9,11 @@ what this checks is that each kernel feeds every output the chain the twin defin
 H200 computes the rule is ``harness mma-check`` on the recorded vectors and ``harness
 device-check`` on the GPU.
 
-The simulator runs a block's threads as Python threads. A warp-collective primitive
-(``mma.sync``, ``ldmatrix``) is emulated by the warp's 32 lanes posting their operands at a
-barrier of the 32, lane 0 computing every lane's result, and each lane taking its own: the
+The simulator runs a block's threads as Python threads (one at a time: ``tests/cudasim_blocks.py``).
+A warp-collective primitive (``mma.sync``, ``ldmatrix``) is emulated by the warp's 32 lanes
+posting their operands at a gate of the 32, one lane computing every lane's result, and each lane
+taking its own (``cudasim_blocks.warp_collective``; with ``PRIMEWALK_SIMSCHED=0``, a
+``threading.Barrier`` of the 32): the
 kernels call these under warp-uniform conditions only (as ``.sync.aligned`` requires on the
 GPU), so all 32 lanes arrive. The primitives the module takes from ``numba_kernels.intrin`` that
 the simulator branch there lacks (``ldg4u``) are supplied here too. Only tests import this file:
@@ -23,6 +25,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+import cudasim_blocks
 
 _LOCK = threading.Lock()
 _WARPS: dict = {}
@@ -49,6 +53,8 @@ def _me():
 
 def _collective(value, compute):
     """Every lane posts value; lane 0 runs compute(the 32 values) -> 32 results; each lane gets its own."""
+    if cudasim_blocks.active():  # one simulated thread at a time: the baton's warp gate
+        return cudasim_blocks.warp_collective(value, compute)
     w, lane = _me()
     w.slots[lane] = value
     w.barrier.wait()
@@ -154,9 +160,7 @@ def load():
 
     from numba.cuda.simulator import kernelapi
 
-    from cudasim_blocks import install_shared  # shared arrays under a lock, alignment accepted
-
-    install_shared()
+    cudasim_blocks.install()  # the baton scheduler; shared arrays under a lock, alignment accepted
     if not hasattr(kernelapi.FakeCUDAModule, "any_sync"):  # the warp vote, absent from the simulator
         kernelapi.FakeCUDAModule.any_sync = lambda self, mask, pred: any_sync(mask, pred)
     cuda.jit = sim_jit

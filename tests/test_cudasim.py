@@ -52,9 +52,9 @@ def _env(**more):
 
 @pytest.fixture(scope="module")
 def sim():
-    # the op cases and the model steps as two processes at once (each is one core's work; about
-    # 6.5 min one after the other on a 2-core machine: the tiny model's steps run every norm
-    # block's threads in Python); the limit leaves room for a slower machine
+    # the op cases and the model steps as two processes at once (each is one core's work; the
+    # model's steps take the longer, ~6 min on a 2-core machine beside another test file: they
+    # run every simulated thread in Python); the limit leaves room for a slower machine
     script = os.path.join(ROOT, "tests", "cudasim_run.py")
     files = {part: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for part in ("ops", "model")}
     procs = {part: subprocess.Popen([sys.executable, script, part], cwd=ROOT, env=_env(), stdout=out, stderr=err,

@@ -22,6 +22,10 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
+    import sys
+    sys.path.insert(0, "tests")
+    import cudasim_blocks
+    cudasim_blocks.install()  # one simulated thread at a time
     import json, sys
     import numpy as np
     from numba import cuda

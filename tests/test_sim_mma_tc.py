@@ -27,7 +27,6 @@ SCRIPT = textwrap.dedent(r'''
     import json
     import sys
     import time
-    sys.setswitchinterval(1e-4)  # the simulator's threads meet at barriers: hand the GIL on quickly
     import numpy as np
     from numba import cuda
     sys.path.insert(0, "tests")

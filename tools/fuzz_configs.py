@@ -284,8 +284,7 @@ def main(argv=None) -> int:
 
         if not config.ENABLE_CUDASIM:
             ap.error("--sim needs NUMBA_ENABLE_CUDASIM=1 in the environment (set before numba is imported)")
-        sys.setswitchinterval(1e-4)  # the simulator's threads meet at barriers
-        import cudasim_blocks  # the simulator tests' faster block scheduler
+        import cudasim_blocks  # the simulator tests' block scheduler: one simulated thread at a time
 
         cudasim_blocks.install()
     modes = ("exact",) if args.sim else ("exact", "exact-bf16")  # step 3's modes (--sim, --device)
