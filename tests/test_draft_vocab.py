@@ -300,6 +300,15 @@ def test_tools_time_drafts_among_a_draft_vocabulary(tmp_path, capsys):
     # and what follows the wait (the picks' download); no graph replays on the CPU
     assert all(0 < r["after_sync_ms"] <= r["draft_step_ms"] for r in rows), rows
     assert all(r["first_replay_ms"] is None for r in rows), rows
+    # the host's functions of K = 3 draft steps among 16 ids, by own time: mtp_draft among them
+    assert tool("probe_draft").main(["--out", str(out), "--sizes", "16", "--ks", "3", "--backend", "cpu",
+                                     "--model", default_model_path(), "--profile-calls", "2"]) == 0
+    prof = json.loads(out.read_text())["profile"]
+    assert (prof["k"], prof["draft_vocab"], prof["calls"]) == (3, 16, 2)
+    fns = prof["functions"]
+    assert 0 < len(fns) <= 40 and [f["own_us"] for f in fns] == sorted((f["own_us"] for f in fns), reverse=True)
+    assert any("mtp_draft" in f["function"] and f["calls"] == 1 for f in fns) or \
+        any("_draft_stepwise" in f["function"] for f in fns)
     assert tool("probe_draft").main(["--out", str(out), "--sizes", "16", "--backend", "cpu", "--ncu-step", "3",
                                      "--model", default_model_path()]) == 0
     assert "profiled one 3-draft step among 16 ids" in capsys.readouterr().out

@@ -21,6 +21,11 @@ Nsight Compute for every kernel of one warm K-draft step among N ids:
 
 (``--ncu-step K`` runs a few K-draft steps among the first of ``--sizes`` ids, brackets the next
 one with cudaProfilerStart/Stop and skips the timing rows.)
+
+``--profile-calls N`` then runs N more K-draft steps (K the last of ``--ks``, among the first of
+``--sizes`` ids) with cProfile on around each ``mtp_draft`` call only, and writes the host's
+functions by their own time a call (``profile``: the 40 largest; cProfile's own cost included,
+so shares, not absolute figures): where the prologue before the first replay goes.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="a checkpoint folder (default: bench-8l, built with transformers)")
     ap.add_argument("--bench-dir", default=None, help="bench-8l's files: built here when absent, else loaded")
     ap.add_argument("--ncu-step", type=int, default=0, help="profile one K-draft step (see above)")
+    ap.add_argument("--profile-calls", type=int, default=0, help="then N K-draft steps under cProfile (see above)")
     a = ap.parse_args(argv)
     from harness.engine.model import Engine
     from harness.engine.weights import load_checkpoint
@@ -103,13 +109,47 @@ def main(argv=None) -> int:
             sess.cache.restore(snap)
             want = int(eng.draft_ids[int(np.argmax(full[-1][eng.draft_ids]))])
             rows[-1]["first_draft_is_full_argmax_over_ids"] = got == want
+    profile = _profile(eng, sess, snap, ks[-1], sizes[0] if sizes else None, a.profile_calls) if a.profile_calls else None
     eng.set_draft_vocab(None)
     out = {"kind": "probe-draft", "device": eng.B.device_name(), "backend": a.backend, "vocab": V,
            "decode_512_stepwise_ms": dec, "decode_512_stepwise_mean_ms": float(np.mean(steps)), "rows": rows, "clocks_before": clocks_before, "clocks_after": sm_clocks(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "commit": os.environ.get("PRIMEWALK_COMMIT")}
+    if profile is not None:
+        out["profile"] = profile
     write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
     return 0 if all(r.get("first_draft_is_full_argmax_over_ids", True) for r in rows) else 1
+
+
+def _profile(eng, sess, snap, k, n, calls, top=40):
+    """{"k", "draft_vocab", "calls", "functions"}: ``calls`` K-draft steps among ``n`` ids (None:
+    the whole vocabulary), warmed first, each ``mtp_draft`` call under cProfile; "functions": the
+    ``top`` functions by own time, in µs a call of the step (``own_us``, ``cum_us``, ``calls``: per
+    step)."""
+    import cProfile
+    import pstats
+
+    eng.set_draft_vocab(n)
+    bench._time_draft_verify(eng, sess, snap, k)  # compiles, captures, warms
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        c = sess.cache
+        hid = np.zeros((2, eng.cfg.hidden_size), np.float32)
+        c.mtp_len = c.pos - 1
+        eng.B.synchronize()
+        prof.enable()
+        eng.mtp_draft(sess, [1, 2], hid, k)
+        prof.disable()
+        sess.cache.restore(snap)
+    stats = pstats.Stats(prof).stats
+    rows = [{"function": f"{os.path.relpath(f) if f.startswith(os.sep) else f}:{line}({name})",
+             "calls": nc / calls, "own_us": tt / calls * 1e6, "cum_us": ct / calls * 1e6}
+            for (f, line, name), (_, nc, tt, ct, _) in stats.items()]
+    rows.sort(key=lambda r: -r["own_us"])
+    print(f"host functions of one {k}-draft step among {n or eng.cfg.vocab_size} ids (cProfile, {calls} calls):")
+    for r in rows[:15]:
+        print(f"  {r['own_us']:8.1f} us own {r['cum_us']:8.1f} cum {r['calls']:5.0f}x  {r['function']}", flush=True)
+    return {"k": k, "draft_vocab": n or eng.cfg.vocab_size, "calls": calls, "functions": rows[:top]}
 
 
 def _tail_median(xs, n):
