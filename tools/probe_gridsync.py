@@ -12,8 +12,9 @@ less than a kernel boundary. This probe measures, for cooperative grids of 1-4 b
 - ``launch_us``: one empty kernel of the same grid in a stream of n launches (the host's
   launch rate bounds it: a lower bound on what a kernel boundary costs is the graph-replayed
   probe in ``tools/probe_marginal.py``);
-- ``stream_gbs``: a grid-stride copy of ``--mb`` MB (float4 loads) with a grid barrier every
-  ``--chunk-kb`` KB, against the same copy with none: what a barrier between phases costs a stream.
+- ``stream_gbs``: a grid-stride copy of ``--mb`` MB (one float32 a thread a step: not a bandwidth
+  measurement) with a grid barrier every ``--chunk-kb`` KB, against the same copy with none: what
+  a barrier between phases costs a stream.
 
     python tools/probe_gridsync.py --out receipts/probes/gridsync.json
 
