@@ -1,0 +1,47 @@
+"""tools/probe_persistent.py without a GPU: under Numba's simulator (a one-block cooperative grid,
+small shapes, a 32-thread GEMV configuration, no timing) the persistent pass kernel runs -- its
+small phases' stand-ins once, then its six GEMV phases, each checked bitwise against the
+engine's ``gemv`` on the same input; without the simulator it stops with one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "probe_persistent.py")
+SMALL = ["--hidden", "16", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--inter", "24",
+         "--draft-vocab", "40", "--ctx", "70", "--cfg", "2,1,1,1", "--reps", "0"]
+
+
+def _run(tmp_path, sim, extra=()):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, on any machine
+    if sim:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    out = tmp_path / "p.json"
+    p = subprocess.run([sys.executable, TOOL, "--out", str(out), *SMALL, *extra], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    return p, out
+
+
+def test_under_the_simulator_every_gemv_phase_is_the_engines_gemv(tmp_path):
+    p, out = _run(tmp_path, sim=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["bitwise"] == {n: True for n in ("fc", "qkv", "o", "gate_up", "down", "lm_head")}
+    assert res["barriers"] == 16  # a grid barrier after each of the 10 small and 6 GEMV phases
+    assert [s["N"] for s in res["shapes"]] == [16, 48, 16, 48, 16, 40]
+    assert res["gemv_cfg"] == "gemv_f32_R1_ow2_og1_ng1_pf1_mo1" and res["rows"] == []
+    assert "bitwise against gemv: fc yes" in p.stdout and not (tmp_path / "p.json.tmp").exists()
+
+
+def test_without_a_gpu_it_says_so(tmp_path):
+    p, out = _run(tmp_path, sim=False)
+    assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr and not out.exists()
+
+
+def test_bad_input_is_one_line(tmp_path):
+    p, out = _run(tmp_path, sim=False, extra=["--kv-heads", "3"])
+    assert p.returncode == 2 and "--heads must be a multiple of --kv-heads" in p.stderr.strip().splitlines()[-1]
