@@ -3,23 +3,14 @@ timings meaningless) its kernels run and its copy is checked element for element
 simulator on a machine with no GPU it stops with one line."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, "tools", "probe_gridsync.py")
+from tool_runs import run_without_gpu
 
 
 def _run(tmp_path, sim):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, on any machine
-    if sim:
-        env["NUMBA_ENABLE_CUDASIM"] = "1"
     out = tmp_path / "g.json"
-    p = subprocess.run([sys.executable, TOOL, "--out", str(out), "--mb", "0.01", "--chunk-kb", "4", "--reps", "1",
-                        "--barriers", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = run_without_gpu("probe_gridsync.py", ["--out", str(out), "--mb", "0.01", "--chunk-kb", "4", "--reps", "1",
+                                              "--barriers", "3"], sim, timeout=300)
     return p, out
 
 

@@ -5,26 +5,16 @@ engine's ``gemv`` on the same input (outputs poisoned with NaN first), with the 
 GEMV phase after its first weight loads and without; without the simulator it stops with one line."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, "tools", "probe_persistent.py")
+from tool_runs import run_without_gpu
+
 SMALL = ["--hidden", "16", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--inter", "24",
          "--draft-vocab", "40", "--ctx", "70", "--cfg", "2,1,1,1", "--reps", "0"]
 
 
 def _run(tmp_path, sim, extra=()):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, on any machine
-    if sim:
-        env["NUMBA_ENABLE_CUDASIM"] = "1"
     out = tmp_path / "p.json"
-    p = subprocess.run([sys.executable, TOOL, "--out", str(out), *SMALL, *extra], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    return p, out
+    return run_without_gpu("probe_persistent.py", ["--out", str(out), *SMALL, *extra], sim), out
 
 
 def test_under_the_simulator_every_gemv_phase_is_the_engines_gemv(tmp_path):

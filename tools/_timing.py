@@ -33,6 +33,25 @@ def replayed_us(graph, replays: int) -> float:
     return cuda.event_elapsed_time(start, stop) / replays * 1e3
 
 
+def events_us(fn, reps: int) -> float:
+    """The median µs of ``reps`` runs of ``fn()`` (launches, no synchronisation of its own), each
+    between two CUDA events after the device has gone idle; one untimed run first (it compiles
+    and warms)."""
+    import numpy as np
+    from numba import cuda
+
+    start, stop = cuda.event(), cuda.event()
+    got = []
+    for _ in range(reps + 1):
+        cuda.synchronize()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        got.append(start.elapsed_time(stop) * 1e3)
+    return float(np.median(got[1:]))
+
+
 def sm_clocks(run=subprocess.run):
     """{"sm_mhz": current, "max_sm_mhz": its maximum} of GPU 0 from ``nvidia-smi``, or None where
     it cannot be read (no nvidia-smi, no GPU, an output not two numbers)."""

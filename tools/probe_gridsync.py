@@ -36,6 +36,9 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
 
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it in the kernels)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import events_us  # noqa: E402
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -83,15 +86,7 @@ def main(argv=None) -> int:
     out = cuda.device_array(1, np.int32)
 
     def timed(fn):
-        s, e = cuda.event(), cuda.event()
-        got = []
-        for _ in range(args.reps + 1):  # the first run compiles and warms
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            got.append(s.elapsed_time(e) * 1e3)  # µs
-        return float(np.median(got[1:]))
+        return events_us(fn, args.reps)
 
     rows = []
     n = int(args.mb * (1 << 20)) // 4  # float32 words

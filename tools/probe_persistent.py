@@ -28,7 +28,7 @@ SM, each with the barrier before a GEMV phase after the phase's first weight loa
 (``prefetch``: the GEMV's PDL build, the barrier in place of its ``pdl_wait()``) and without:
 the whole pass (``pass_us``), the same kernel with the small phases skipped (``gemv_phases_us``:
 the GEMVs and their barriers), the six GEMVs as six launches of the engine's kernel
-(``gemv_launches_us``, eager, back to back), and the bytes the pass reads at the device's
+(``gemv_launches_us``: captured in one CUDA graph as a step captures them, replayed), and the bytes the pass reads at the device's
 copy rate (``floor_us``: a device-to-device copy of ``--copy-mb`` MB). Against the engine's
 replayed pass (``probe_marginal.py --step draft``'s ``base_us``, ~240 µs on an H100 at
 ``ae42665``), ``pass_us`` says what a persistent pass could take off a draft step.
@@ -55,6 +55,9 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from numba import cuda  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import events_us, graph_us  # noqa: E402
 
 F32 = np.float32
 PHASE_THREADS = 256  # the small phases' stand-ins assume at most this many threads (the GEMV's block)
@@ -125,20 +128,13 @@ def row_norm(src, so, dst, do, n, red, t, nt):
 
 @devf
 def add_norm(x, d, dst, n, red, t, nt):
-    """x += d, then dst = x / rms(x) (a stand-in for add_rmsnorm; every thread reads its own)."""
-    s = float32(0.0)
+    """x += d, then dst = x / rms(x) (a stand-in for add_rmsnorm; each thread normalises the
+    elements it added)."""
     i = t
     while i < n:
-        v = x[i] + d[i]
-        x[i] = v
-        s += v * v
+        x[i] = x[i] + d[i]
         i += nt
-    s = block_sum(s, red, t, nt)
-    r = float32(1.0) / math.sqrt(s / float32(n) + float32(1e-6))
-    i = t
-    while i < n:
-        dst[i] = x[i] * r
-        i += nt
+    row_norm(x, 0, dst, 0, n, red, t, nt)
 
 
 @devf
@@ -334,16 +330,7 @@ def main(argv=None) -> int:
         kerns[pf].disp[blocks, nt, 0, 0](*flat, *bufs.values(), *two, Z, np.int32(small))
 
     def timed(fn):
-        s, e = cuda.event(), cuda.event()
-        got = []
-        for _ in range(args.reps + 1):  # the first run compiles and warms
-            cuda.synchronize()
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            got.append(s.elapsed_time(e) * 1e3)  # µs
-        return float(np.median(got[1:]))
+        return events_us(fn, args.reps)
 
     devc = cuda.get_current_device()
     sms = getattr(devc, "MULTIPROCESSOR_COUNT", 1)
@@ -376,15 +363,13 @@ def main(argv=None) -> int:
                          "gemv_phases_us": timed(lambda: run(pf, blocks, 0))})
     outs_dev = [cuda.device_array((1, N), F32) for _, N, _ in sh]
     xs_dev = [cuda.to_device(rng.standard_normal((1, K)).astype(F32)) for _, _, K in sh]
-
-    def launches():
-        for i in range(len(sh)):
-            kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1)
-
     nbytes = sum(4 * N * K for _, N, K in sh)
     gemv_launches = rate = floor = None
-    if args.reps:
-        gemv_launches = timed(launches)
+    if args.reps:  # the six GEMVs as the engine launches them: one CUDA graph, replayed
+        for i in range(len(sh)):  # compiled before the capture
+            kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1)
+        gemv_launches = len(sh) * graph_us(lambda i: kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1), len(sh),
+                                           replays=args.reps)
         n = int(args.copy_mb * (1 << 20)) // 4
         src_, dst_ = cuda.device_array(n, F32), cuda.device_array(n, F32)
         copy_us = timed(lambda: dst_.copy_to_device(src_))
