@@ -27,11 +27,12 @@ Prints and writes (JSON) the median of ``--reps`` timed runs (CUDA events) for 1
 SM, each with the barrier before a GEMV phase after the phase's first weight loads
 (``prefetch``: the GEMV's PDL build, the barrier in place of its ``pdl_wait()``) and without:
 the whole pass (``pass_us``), the same kernel with the small phases skipped (``gemv_phases_us``:
-the GEMVs and their barriers), the six GEMVs as six launches of the engine's kernel
-(``gemv_launches_us``: captured in one CUDA graph as a step captures them, replayed), and the bytes the pass reads at the device's
-copy rate (``floor_us``: a device-to-device copy of ``--copy-mb`` MB). Against the engine's
-replayed pass (``probe_marginal.py --step draft``'s ``base_us``, ~240 µs on an H100 at
-``ae42665``), ``pass_us`` says what a persistent pass could take off a draft step.
+the GEMVs and their barriers) and the six GEMVs as six launches of the engine's kernel
+(``gemv_launches_us``: captured in one CUDA graph as a step captures them, replayed: the rate
+the engine streams the same bytes at). Against the engine's replayed pass (``probe_marginal.py
+--step draft``'s ``base_us``, ~237-240 µs on an H100), ``pass_us`` says what a persistent pass
+could take off a draft step. The kernel's registers a thread and the blocks a cooperative
+launch may have go with them (``regs_per_thread``, ``cooperative_blocks_max``).
 
     PYTHONPATH=. python tools/probe_persistent.py --out receipts/probes/persistent.json
 
@@ -269,7 +270,6 @@ def main(argv=None) -> int:
     ap.add_argument("--inter", type=int, default=5632)
     ap.add_argument("--draft-vocab", type=int, default=32768)
     ap.add_argument("--ctx", type=int, default=512, help="the MTP head's keys (64-key tiles)")
-    ap.add_argument("--copy-mb", type=float, default=512, help="the copy that gives the copy rate (MB)")
     ap.add_argument("--cfg", default=None, metavar="OW,NOG,NG,PF",
                     help="a one-row GEMV configuration instead of gemv_pick's (the simulator's tests: fewer threads)")
     args = ap.parse_args(argv)
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
 
     devc = cuda.get_current_device()
     sms = getattr(devc, "MULTIPROCESSOR_COUNT", 1)
-    rows, bitwise, caps = [], {}, {}
+    rows, bitwise, caps, regs = [], {}, {}, {}
     # the bitwise check: with the small phases off, every GEMV phase reads an input no phase writes
     # (cat, h, att, h, act, hf: random), so each output must be the engine's gemv of that input
     ins = ["cat", "h", "att", "h", "act", "hf"]
@@ -344,6 +344,7 @@ def main(argv=None) -> int:
         cuda.synchronize()
         disp = kerns[pf].disp.overloads[next(iter(kerns[pf].disp.overloads), None)]
         cap = caps["prefetch" if pf else "plain"] = disp.max_cooperative_grid_blocks(nt)
+        regs["prefetch" if pf else "plain"] = getattr(disp, "regs_per_thread", None)
         for o in outs:  # poison the outputs: each must be written by this run
             bufs[o].copy_to_device(np.full(bufs[o].shape, np.nan, F32))
         run(pf, min(cap, sms), 0)
@@ -364,26 +365,23 @@ def main(argv=None) -> int:
     outs_dev = [cuda.device_array((1, N), F32) for _, N, _ in sh]
     xs_dev = [cuda.to_device(rng.standard_normal((1, K)).astype(F32)) for _, _, K in sh]
     nbytes = sum(4 * N * K for _, N, K in sh)
-    gemv_launches = rate = floor = None
+    gemv_launches = None
     if args.reps:  # the six GEMVs as the engine launches them: one CUDA graph, replayed
         for i in range(len(sh)):  # compiled before the capture
             kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1)
         gemv_launches = len(sh) * graph_us(lambda i: kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1), len(sh),
                                            replays=args.reps)
-        n = int(args.copy_mb * (1 << 20)) // 4
-        src_, dst_ = cuda.device_array(n, F32), cuda.device_array(n, F32)
-        copy_us = timed(lambda: dst_.copy_to_device(src_))
-        rate = 2 * n * 4 / copy_us / 1e3  # GB/s, read + write
-        floor = nbytes / rate / 1e3
     name = getattr(devc, "name", "the simulator")
     res = {"kind": "probe-persistent", "device": name.decode() if isinstance(name, bytes) else str(name), "sms": sms,
            "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "args": vars(args), "gemv_cfg": cfg.name(), "cooperative_blocks_max": caps,
            "shapes": [{"name": s[0], "N": s[1], "K": s[2]} for s in sh], "bytes": nbytes,
-           "copy_gbs": rate, "floor_us": floor, "gemv_launches_us": gemv_launches, "rows": rows,
+           "gemv_launches_us": gemv_launches, "gemv_launches_gbs": nbytes / gemv_launches / 1e3 if gemv_launches else None,
+           "regs_per_thread": regs, "rows": rows,
            "bitwise": bitwise, "barriers": srcs[False].text.count("g.sync()")}
     print(f"{res['device']}: {len(sh)} GEMVs ({cfg.name()}), {nbytes / 1e6:.1f} MB"
-          + (f", floor {floor:.1f} us at {rate:.0f} GB/s; six gemv launches {gemv_launches:.1f} us" if args.reps else ""))
+          + (f"; six gemv launches in a graph {gemv_launches:.1f} us ({nbytes / gemv_launches / 1e3:.0f} GB/s)"
+             if args.reps else "") + f"; the pass kernel {regs} registers a thread, {caps} cooperative blocks")
     for r in rows:
         print(f"{r['blocks']:4d} blocks x {nt}{', weights before the barrier' if r['prefetch'] else ''}: persistent pass "
               f"{r['pass_us']:.1f} us, its GEMV phases alone {r['gemv_phases_us']:.1f} us ({res['barriers']} grid barriers)")
