@@ -9,7 +9,7 @@ import json
 from tool_runs import run_without_gpu
 
 SMALL = ["--hidden", "16", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--inter", "24",
-         "--draft-vocab", "40", "--ctx", "70", "--cfg", "2,1,1,1", "--reps", "0"]
+         "--draft-vocab", "40", "--ctx", "70", "--cfg", "2,1,1,1", "--reps", "0", "--max-registers", "128"]
 
 
 def _run(tmp_path, sim, extra=()):

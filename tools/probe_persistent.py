@@ -270,11 +270,14 @@ def main(argv=None) -> int:
     ap.add_argument("--inter", type=int, default=5632)
     ap.add_argument("--draft-vocab", type=int, default=32768)
     ap.add_argument("--ctx", type=int, default=512, help="the MTP head's keys (64-key tiles)")
+    ap.add_argument("--max-registers", type=int, default=0,
+                    help="cap the pass kernel's registers a thread (0: the compiler's choice; 128 lets two "
+                         "256-thread blocks share an SM)")
     ap.add_argument("--cfg", default=None, metavar="OW,NOG,NG,PF",
                     help="a one-row GEMV configuration instead of gemv_pick's (the simulator's tests: fewer threads)")
     args = ap.parse_args(argv)
-    if args.reps < 0:
-        ap.error("--reps must not be negative")
+    if args.reps < 0 or args.max_registers < 0:
+        ap.error("--reps and --max-registers must not be negative")
     for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab", "ctx"):
         if getattr(args, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be positive")
@@ -305,7 +308,9 @@ def main(argv=None) -> int:
     if nt > PHASE_THREADS or nt & (nt - 1):
         ap.error(f"{cfg.name()}: {nt} threads a block; the stand-ins need a power of two up to {PHASE_THREADS}")
     srcs = {pf: KernelSource(f"persistent_pass_{cfg.name()}{'_prefetch' if pf else ''}",
-                             kernel_source(cfg, args, nt, pf), nt) for pf in (False, True)}
+                             kernel_source(cfg, args, nt, pf), nt,
+                             jit=(("max_registers", args.max_registers),) if args.max_registers else ())
+            for pf in (False, True)}
     kerns = {pf: kl.generated(lambda _, src=src: src, ("probe_persistent", src.text)) for pf, src in srcs.items()}
 
     rng = np.random.default_rng(0)
