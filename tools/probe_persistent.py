@@ -20,11 +20,11 @@ changed:
   the residual adds), a block per 64-key tile and KV head reading its keys and values, then a
   block per query head folding the tiles (attention), a SwiGLU over the MLP's width, and the
   greedy pick's two levels (a block per 1,024 logits, then one block);
-- one grid barrier (``cuda.cg.this_grid().sync()``) between phases: 17 where the graph has 17
-  kernel boundaries.
+- one grid barrier (``cuda.cg.this_grid().sync()``) after each of the 16 phases, where the
+  graph has a kernel boundary after each of a pass's 17 kernels.
 
 Prints and writes (JSON) the median of ``--reps`` timed runs (CUDA events) for 1 and 2 blocks an
-SM, each with the barrier before a GEMV phase after the phase's first weight loads
+SM (where the cooperative launch allows them), each with the barrier before a GEMV phase after the phase's first weight loads
 (``prefetch``: the GEMV's PDL build, the barrier in place of its ``pdl_wait()``) and without:
 the whole pass (``pass_us``), the same kernel with the small phases skipped (``gemv_phases_us``:
 the GEMVs and their barriers) and the six GEMVs as six launches of the engine's kernel
