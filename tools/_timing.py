@@ -52,6 +52,14 @@ def events_us(fn, reps: int) -> float:
     return float(np.median(got[1:]))
 
 
+def device_name() -> str:
+    """The current CUDA device's name as a str ("the simulator" under Numba's simulator)."""
+    from numba import cuda
+
+    name = getattr(cuda.get_current_device(), "name", "the simulator")
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def sm_clocks(run=subprocess.run):
     """{"sm_mhz": current, "max_sm_mhz": its maximum} of GPU 0 from ``nvidia-smi``, or None where
     it cannot be read (no nvidia-smi, no GPU, an output not two numbers)."""

@@ -37,7 +37,10 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
 from numba import cuda  # noqa: E402  (a global: the simulator swaps it in the kernels)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import events_us  # noqa: E402
+from _timing import device_name, events_us  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness.atomic import write_text_atomic  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -124,14 +127,11 @@ def main(argv=None) -> int:
                   f"{r['stream_with_barriers_gbs']:.0f} GB/s", flush=True)
     if not np.array_equal(dst.copy_to_host(), src.copy_to_host()):
         raise SystemExit("probe_gridsync: the copy kernel's output differs from its input")
-    name = getattr(dev, "name", "the simulator")
-    res = {"device": name.decode() if isinstance(name, bytes) else str(name), "sms": sms,
+    res = {"device": device_name(), "sms": sms,
            "cc": list(getattr(dev, "compute_capability", ())),
            "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "args": vars(args), "rows": rows}
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -58,7 +58,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from numba import cuda  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import events_us, graph_us  # noqa: E402
+from _timing import device_name, events_us, graph_us  # noqa: E402
+from harness.atomic import write_text_atomic  # noqa: E402
 
 F32 = np.float32
 PHASE_THREADS = 256  # the small phases' stand-ins assume at most this many threads (the GEMV's block)
@@ -78,20 +79,21 @@ def body_source(cfg, prefetch):
     of that wait on a block's first output block (``first``)."""
     from numba_kernels import linear
 
-    lines = []
+    lines, decls = [], []
     for ln in linear._gemv_kernel(cfg.with_pdl() if prefetch else cfg).splitlines():
         s = ln.strip()
         if s.startswith("def kern("):
             ln = "def gemv_vb(blk, first, X, XS, W, K, N, out, R, Z, Ts, Xs, Ps):"
-        elif s == "blk = cuda.blockIdx.x" or s.startswith(("Ts = cuda.shared", "Xs = cuda.shared", "Ps = cuda.shared")):
+        elif s.startswith(("Ts = cuda.shared", "Xs = cuda.shared", "Ps = cuda.shared")):
+            decls.append(s)
+            continue
+        elif s == "blk = cuda.blockIdx.x":
             continue
         elif s == "pdl_wait()":
             lines += ["    if first:", "        cuda.cg.this_grid().sync()"]
             continue
         lines.append(ln)
-    return linear._gemv_devices(cfg) + "@devf\n" + "\n".join(lines) + "\n", [
-        ln.strip() for ln in linear._gemv_kernel(cfg).splitlines()
-        if ln.strip().startswith(("Ts = cuda.shared", "Xs = cuda.shared", "Ps = cuda.shared"))]
+    return linear._gemv_devices(cfg) + "@devf\n" + "\n".join(lines) + "\n", decls
 
 
 SMALL = r'''
@@ -327,7 +329,10 @@ def main(argv=None) -> int:
                 cand=dev(-(-V // (4 * nt)) + 1))
     Z = cuda.to_device(np.zeros(8, F32))
     flat = [w.reshape(w.shape[0] * w.shape[1]) for w in Ws]
-    two = [bufs[n][:N].reshape(1, N) for n, (_, N, _) in zip(("x", "qkv", "o", "gu", "dn", "lg"), sh)]
+    # each GEMV phase's input and output buffer (the outputs also as [1, N], as gemv stores them)
+    ins = ["cat", "h", "att", "h", "act", "hf"]
+    outs = ["x", "qkv", "o", "gu", "dn", "lg"]
+    two = [bufs[n][:N].reshape(1, N) for n, (_, N, _) in zip(outs, sh)]
     # (the residual adds accumulate over runs: the stand-ins' values may grow to inf; nothing
     # branches on them, and the bitwise check runs with the small phases off)
 
@@ -342,8 +347,6 @@ def main(argv=None) -> int:
     rows, bitwise, caps, regs = [], {}, {}, {}
     # the bitwise check: with the small phases off, every GEMV phase reads an input no phase writes
     # (cat, h, att, h, act, hf: random), so each output must be the engine's gemv of that input
-    ins = ["cat", "h", "att", "h", "act", "hf"]
-    outs = ["x", "qkv", "o", "gu", "dn", "lg"]
     for pf in (False, True):
         run(pf, 1, 1)  # compile; the small phases' stand-ins run once
         cuda.synchronize()
@@ -376,8 +379,7 @@ def main(argv=None) -> int:
             kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1)
         gemv_launches = len(sh) * graph_us(lambda i: kc.gemv(xs_dev[i], Ws[i], outs_dev[i], 1), len(sh),
                                            replays=args.reps)
-    name = getattr(devc, "name", "the simulator")
-    res = {"kind": "probe-persistent", "device": name.decode() if isinstance(name, bytes) else str(name), "sms": sms,
+    res = {"kind": "probe-persistent", "device": device_name(), "sms": sms,
            "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "args": vars(args), "gemv_cfg": cfg.name(), "cooperative_blocks_max": caps,
            "shapes": [{"name": s[0], "N": s[1], "K": s[2]} for s in sh], "bytes": nbytes,
@@ -391,9 +393,7 @@ def main(argv=None) -> int:
         print(f"{r['blocks']:4d} blocks x {nt}{', weights before the barrier' if r['prefetch'] else ''}: persistent pass "
               f"{r['pass_us']:.1f} us, its GEMV phases alone {r['gemv_phases_us']:.1f} us ({res['barriers']} grid barriers)")
     print("bitwise against gemv: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in bitwise.items()))
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0 if all(bitwise.values()) and len(bitwise) == 2 * len(sh) else 1
 

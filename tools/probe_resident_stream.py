@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from numba import cuda  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import events_us  # noqa: E402
+from _timing import device_name, events_us  # noqa: E402
+from harness.atomic import write_text_atomic  # noqa: E402
 
 F32 = np.float32
 ROW = 1024  # floats a row of the streamed array (cp16f addresses a 2-D array)
@@ -135,10 +136,11 @@ def main(argv=None) -> int:
     T = args.threads
     res_rows, ok = [], True
 
+    flat = Wh.reshape(-1, 4).astype(np.float64).sum(axis=1)  # each 16-byte unit's sum
+
     def check(name, blocks, out, per_block):
         """Each block's (or the plain kernel's total) sum against numpy's, to 1e-3 of the absolute sum."""
         got = out.copy_to_host().astype(np.float64)
-        flat = Wh.reshape(-1, 4).astype(np.float64).sum(axis=1)
         if per_block:
             share = -(-units // blocks)
             want = np.array([flat[b * share:(b + 1) * share].sum() for b in range(blocks)])
@@ -181,8 +183,7 @@ def main(argv=None) -> int:
         us = events_us(lambda: kp.disp[pb, 256, 0, 0](W, np.int64(units), out), args.reps)
         row.update(us=us, gbs=nbytes / us / 1e3)
     res_rows.append(row)
-    name = getattr(dev, "name", "the simulator")
-    res = {"kind": "probe-resident-stream", "device": name.decode() if isinstance(name, bytes) else str(name),
+    res = {"kind": "probe-resident-stream", "device": device_name(),
            "sms": sms, "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "args": vars(args), "bytes": nbytes, "rows": res_rows}
     for r in res_rows:
@@ -190,9 +191,7 @@ def main(argv=None) -> int:
                 f"flight an SM)" if r["kernel"] == "ring" else f"{r['blocks']} blocks x 256, grid-stride")
         print(f"{what}: " + (f"{r['us']:.1f} us, {r['gbs']:.0f} GB/s" if "us" in r else "not timed")
               + ("" if r["sums_ok"] else " SUMS WRONG"))
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0 if ok else 1
 
