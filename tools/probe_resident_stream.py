@@ -11,8 +11,9 @@ b-th contiguous share of a ``--mb`` MB float32 array through a ring of ``--stage
 shared memory (``cp.async``, 16 bytes a thread a copy, ``--units`` copies a thread a stage, every
 stage but the newest ``stages - 1`` awaited before it is read); each thread reads back only what
 it copied (no barrier) and sums it, so the kernel streams and does a little arithmetic, as a GEMV
-would. The median of ``--reps`` runs (CUDA events) for each ring depth in ``--stages``, against a
-plain grid-stride kernel of many blocks reading the same bytes (``many_blocks``: 16-byte loads,
+would. ``--kernels regs`` times the same stream without shared memory, each thread holding its
+next ``stages - 1`` stages' loads in registers. The median of ``--reps`` runs (CUDA events) for
+each depth in ``--stages``, against a plain grid-stride kernel of many blocks reading the same bytes (``many_blocks``: 16-byte loads,
 eight blocks an SM) -- the rate the engine's launches get -- and each sum is checked against
 numpy's (float64 sums of the shares, to a tolerance: the order of a thread's additions is not
 the contract here).
@@ -83,6 +84,36 @@ def ring_source(T, V, S):
     return "\n".join(L) + "\n"
 
 
+def regs_source(T, V, S):
+    """The same resident stream with no shared memory: each thread keeps its next S - 1 stages'
+    loads in registers (slot k of S, the loop unrolled S times so that every slot is named)."""
+    per = T * V
+    L = ["def kern(W, units, out):", "    t = cuda.threadIdx.x", "    b = cuda.blockIdx.x", "    G = cuda.gridDim.x",
+         "    share = (units + G - 1) // G", "    lo = b * share", "    hi = min(units, lo + share)",
+         f"    nst = (hi - lo + {per - 1}) // {per}", "    acc = float32(0.0)"]
+    a = L.append
+
+    def load(p, k, st):  # stage st's units into slot k (zeros past the end)
+        for v in range(V):
+            a(f"{p}u = lo + ({st}) * {per} + {v * T} + t")
+            a(f"{p}if ({st}) < nst and u < hi:")
+            a(f"{p}    r{k}_{v}_0, r{k}_{v}_1, r{k}_{v}_2, r{k}_{v}_3 = ld4gf(W, u * 4, {ROW})")
+            a(f"{p}else:")
+            a(f"{p}    r{k}_{v}_0 = r{k}_{v}_1 = r{k}_{v}_2 = r{k}_{v}_3 = float32(0.0)")
+
+    for k in range(S - 1):
+        load("    ", k, str(k))
+    a("    s = 0")
+    a("    while s < nst:")
+    for k in range(S):
+        load("        ", (k + S - 1) % S, f"s + {k + S - 1}")
+        for v in range(V):
+            a(f"        acc += (r{k}_{v}_0 + r{k}_{v}_1) + (r{k}_{v}_2 + r{k}_{v}_3)")
+    a(f"        s += {S}")
+    a("    out[b * cuda.blockDim.x + t] = acc")
+    return "\n".join(L) + "\n"
+
+
 PLAIN = '''
 def kern(W, units, out):
     t = cuda.threadIdx.x
@@ -106,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--units", type=int, default=2, help="16-byte copies a thread a stage")
     ap.add_argument("--stages", default="2,4,6", help="ring depths to time (comma-separated)")
     ap.add_argument("--blocks-per-sm", type=int, default=1)
+    ap.add_argument("--kernels", default="ring,regs",
+                    help="resident kernels to time at each depth: ring (cp.async into shared memory), regs (loads "
+                         "held in registers)")
     ap.add_argument("--reps", type=int, default=20, help="timed runs of each case (median; 0: the sums alone)")
     args = ap.parse_args(argv)
     try:
@@ -115,7 +149,10 @@ def main(argv=None) -> int:
     if min(stages) < 2 or args.threads < 32 or args.threads % 32 or args.units < 1 or args.blocks_per_sm < 1 \
             or args.mb <= 0 or args.reps < 0:
         ap.error("--stages >= 2, --threads a multiple of 32, --units and --blocks-per-sm >= 1, --mb > 0, --reps >= 0")
-    for S in stages:
+    kinds = args.kernels.split(",")
+    if not kinds or any(k not in ("ring", "regs") for k in kinds):
+        ap.error(f"--kernels {args.kernels!r}: ring, regs or both (comma-separated)")
+    for S in stages if "ring" in kinds else ():
         if S * args.threads * args.units * 16 > 48 * 1024:
             ap.error(f"--stages {S}: {S * args.threads * args.units * 16} bytes of ring, past 48 KiB of static shared memory")
     if not cuda.is_available():
@@ -155,17 +192,18 @@ def main(argv=None) -> int:
 
     nbytes = units * 16
     blocks = sms * args.blocks_per_sm
-    for S in stages:
+    for kind, S in [(kind, S) for kind in kinds for S in stages]:
         # the generated kernels' namespace and cp.async's wait for all but the newest S - 1 groups
         # (numba_kernels binds only the fixed depths it uses)
-        k = kl.Kernel(KernelSource(f"resident_stream_t{T}_v{args.units}_s{S}", ring_source(T, args.units, S), T),
+        src = (ring_source if kind == "ring" else regs_source)(T, args.units, S)
+        k = kl.Kernel(KernelSource(f"resident_{kind}_t{T}_v{args.units}_s{S}", src, T),
                       {**kl._GEN_NS, "cp_wait_group": intrin.cp_wait_group})
         out = cuda.device_array(blocks * T, F32)
         k.disp[blocks, T, 0, 0](W, np.int64(units), out)
         cuda.synchronize()
-        good = check(f"ring {S}", blocks, out, True)
+        good = check(f"{kind} {S}", blocks, out, True)
         ok &= good
-        row = {"kernel": "ring", "stages": S, "blocks": blocks, "threads": T, "units": args.units,
+        row = {"kernel": kind, "stages": S, "blocks": blocks, "threads": T, "units": args.units,
                "in_flight_kb_per_sm": (S - 1) * T * args.units * 16 * args.blocks_per_sm / 1024, "sums_ok": good}
         if args.reps:
             us = events_us(lambda: k.disp[blocks, T, 0, 0](W, np.int64(units), out), args.reps)
@@ -187,8 +225,9 @@ def main(argv=None) -> int:
            "sms": sms, "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "args": vars(args), "bytes": nbytes, "rows": res_rows}
     for r in res_rows:
-        what = (f"{r['blocks']} blocks x {r['threads']}, a ring of {r['stages']} ({r['in_flight_kb_per_sm']:.0f} KB in "
-                f"flight an SM)" if r["kernel"] == "ring" else f"{r['blocks']} blocks x 256, grid-stride")
+        what = (f"{r['blocks']} blocks x {r['threads']}, {r['kernel']} of {r['stages']} stages "
+                f"({r['in_flight_kb_per_sm']:.0f} KB in flight an SM)" if "stages" in r
+                else f"{r['blocks']} blocks x 256, grid-stride")
         print(f"{what}: " + (f"{r['us']:.1f} us, {r['gbs']:.0f} GB/s" if "us" in r else "not timed")
               + ("" if r["sums_ok"] else " SUMS WRONG"))
     write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
