@@ -1,0 +1,238 @@
+"""A one-row GEMV written for a resident grid, in the canonical order, timed against the engine's
+``gemv`` on a draft pass's six shapes: the gate before any persistent MTP pass is built on it.
+
+``tools/probe_resident_stream.py`` found one block an SM streaming a pass's bytes as fast as a
+many-block read. This probe puts the arithmetic on such a stream: one block an SM
+(``--warps`` warps), block b owning the output rows ``[b·N/G, (b+1)·N/G)`` (a contiguous run
+of W) and warp w of it the rows ``r0 + w, r0 + w + warps, ...``. A warp walks its rows in
+**steps** of 32 slices (4 KiB of float32): each step's 16-byte units are copied with
+``cp.async`` into the warp's own ring slot (``--stages`` slots, the newest ``stages - 1`` steps
+in flight; slices padded to 36 words, so that lane L reading slice L hits no bank twice), and
+after the step has landed lane L runs slice L's fma chain from +0 against X (staged once in
+shared memory, padded alike); the 32 partials go through shared memory and every lane adds them
+to the row's accumulator in slice order (from +0), the row's output stored after its last step.
+That is :func:`numba_kernels.exact.dot`, the contract every linear kernel keeps, so each output
+is checked bitwise against ``gemv``'s. The first ``stages - 1`` steps' weights are requested
+before X is staged (in a persistent pass, while the previous phase ends). K must be a multiple
+of 32 (every bench-8l shape is; the zero fill a partial slice needs is left out).
+
+Prints and writes (JSON), for each ring depth: each shape's µs (its launch replayed in a CUDA
+graph, ``--reps`` times) against ``gemv``'s, and the six shapes as one graph against the six
+``gemv`` launches as one graph (what a draft pass's GEMVs cost the engine: ~192 µs on an H100).
+
+    PYTHONPATH=. python tools/probe_resident_gemv.py --out receipts/probes/resident-gemv.json
+
+Needs a CUDA GPU (or Numba's simulator, with small shapes: ``tests/test_probe_resident_gemv.py``).
+Exit 0 when every output is bitwise ``gemv``'s, 1 when one is not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still names np.row_stack
+    np.row_stack = np.vstack
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from numba import cuda  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import device_name, graph_us  # noqa: E402
+from probe_persistent import shapes  # noqa: E402
+from harness.atomic import write_text_atomic  # noqa: E402
+
+F32 = np.float32
+PAD = 36  # words a slice takes in shared memory (32 + one 16-byte unit)
+SLOT = 32 * PAD  # words a ring slot takes (a step's 32 slices)
+
+
+def smem_words(NW, S, KMAX):
+    """Shared memory (float32 words): the warps' rings, X, the warps' partials."""
+    return NW * S * SLOT + (KMAX // 32) * PAD + NW * 32
+
+
+def rgemv_source(NW, S, KMAX):
+    """The kernel ``kern(X, W, out, N, K)``: out[0, o] = dot(X[0], W[o]) for o < N, K ≤ KMAX."""
+    XS0, PW0 = NW * S * SLOT, NW * S * SLOT + (KMAX // 32) * PAD
+    L = [f"cpw = cp_wait_group({S - 1})", "", "def kern(X, W, out, N, K):",
+         "    sm = cuda.shared.array(0, float32, alignment=ALIGN)",
+         "    t = cuda.threadIdx.x", "    w = t // 32", "    ln = t % 32", "    b = cuda.blockIdx.x",
+         "    G = cuda.gridDim.x", "    r0 = (b * N) // G", "    r1 = ((b + 1) * N) // G", "    KS = K // 32",
+         "    nck = (KS + 31) // 32",
+         f"    M = ((r1 - r0 + {NW - 1}) // {NW}) * nck",  # every warp of the block walks M steps
+         "    s8 = ln // 8", "    e4 = (ln % 8) * 4"]
+    a = L.append
+
+    def issue(p, m):  # step m's copies into its slot, then one commit (empty past the warp's rows)
+        a(f"{p}mi = {m}")
+        a(f"{p}if mi < M:")
+        a(f"{p}    ri = mi // nck")
+        a(f"{p}    c = mi - ri * nck")
+        a(f"{p}    row = r0 + w + ri * {NW}")
+        a(f"{p}    if row < r1:")
+        a(f"{p}        sb = (w * {S} + mi % {S}) * {SLOT}")
+        for i in range(8):  # unit i·32 + ln of the step: slice 4i + ln // 8, unit ln % 8 of it
+            a(f"{p}        j = c * 32 + {4 * i} + s8")
+            a(f"{p}        if j < KS:")
+            a(f"{p}            cp16f(sm, sb + ({4 * i} + s8) * {PAD} + e4, W, row * K + j * 32 + e4, K)")
+        a(f"{p}cp_commit()")
+
+    for m in range(S - 1):
+        issue("    ", str(m))
+    a("    u = t")  # X into shared memory, slice j at j·PAD (the weights above are in flight)
+    a("    while u < KS * 8:")
+    a("        x0, x1, x2, x3 = ld4gf(X, u * 4, K)")
+    a(f"        sts4(sm, {XS0} + (u // 8) * {PAD} + (u % 8) * 4, x0, x1, x2, x3)")
+    a(f"        u += {32 * NW}")
+    a("    barrier()")
+    a("    acc = ZERO")
+    a("    m = 0")
+    a("    while m < M:")
+    issue("        ", f"m + {S - 1}")
+    a("        cpw()")  # every group but the newest S - 1: step m has landed (this lane's copies)
+    a("        syncwarp()")  # ... and every lane's
+    a("        ri = m // nck")
+    a("        c = m - ri * nck")
+    a("        row = r0 + w + ri * " + str(NW))
+    a("        j = c * 32 + ln")
+    a("        p = ZERO")
+    a("        if row < r1 and j < KS:")
+    a(f"            sb = (w * {S} + m % {S}) * {SLOT} + ln * {PAD}")
+    a(f"            xb = {XS0} + j * {PAD}")
+    for u in range(8):
+        a(f"            w0, w1, w2, w3 = lds4(sm, sb + {4 * u})")
+        a(f"            x0, x1, x2, x3 = lds4(sm, xb + {4 * u})")
+        for e in range(4):
+            a(f"            p = fma(x{e}, w{e}, p)")
+    a(f"        sm[{PW0} + w * 32 + ln] = p")
+    a("        syncwarp()")
+    a("        if row < r1:")
+    a("            n = min(32, KS - c * 32)")
+    a("            for s in range(n):")
+    a(f"                acc = acc + sm[{PW0} + w * 32 + s]")
+    a("            if c == nck - 1:")
+    a("                if ln == 0:")
+    a("                    out[0, row] = acc")
+    a("                acc = ZERO")
+    a("        m += 1")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="write the JSON here")
+    ap.add_argument("--reps", type=int, default=20, help="graph replays timed (0: the bitwise check alone)")
+    ap.add_argument("--warps", type=int, default=8, help="warps a block (one block an SM)")
+    ap.add_argument("--stages", default="3,4", help="ring depths to time (comma-separated)")
+    ap.add_argument("--blocks", type=int, default=0, help="blocks (0: one an SM)")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--inter", type=int, default=5632)
+    ap.add_argument("--draft-vocab", type=int, default=32768)
+    args = ap.parse_args(argv)
+    try:
+        stages = [int(s) for s in args.stages.split(",")]
+    except ValueError:
+        ap.error(f"--stages {args.stages!r}: comma-separated integers")
+    if args.reps < 0 or not 1 <= args.warps <= 32 or min(stages) < 2 or args.blocks < 0:
+        ap.error("--reps and --blocks >= 0, --warps 1 to 32, --stages >= 2")
+    for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab"):
+        if getattr(args, k) < 1:
+            ap.error(f"--{k.replace('_', '-')} must be positive")
+    if args.heads % args.kv_heads:
+        ap.error("--heads must be a multiple of --kv-heads")
+    sh = shapes(args)
+    if any(K % 32 for _, _, K in sh):
+        ap.error("every shape's K must be a multiple of 32 (the partial slice's zero fill is not built): "
+                 + ", ".join(f"{n} K={K}" for n, _, K in sh))
+    KMAX = max(K for _, _, K in sh)
+    for S in stages:
+        if 4 * smem_words(args.warps, S, KMAX) > 227 * 1024:
+            ap.error(f"--stages {S} with {args.warps} warps: {4 * smem_words(args.warps, S, KMAX)} bytes of shared "
+                     "memory, past an SM's 227 KiB")
+    if not cuda.is_available():
+        ap.error("needs a CUDA GPU (none is visible here)")
+
+    from numba_kernels import cuda as kc
+    from numba_kernels import intrin
+    from numba_kernels import launch as kl
+    from numba_kernels.tags import KernelSource
+
+    dev = cuda.get_current_device()
+    sms = getattr(dev, "MULTIPROCESSOR_COUNT", 1)
+    G = args.blocks or sms
+    rng = np.random.default_rng(0)
+    Ws = [cuda.to_device((rng.standard_normal((N, K)) / np.sqrt(K)).astype(F32)) for _, N, K in sh]
+    Xs = [cuda.to_device(rng.standard_normal((1, K)).astype(F32)) for _, _, K in sh]
+    want = []
+    for i, (_, N, _) in enumerate(sh):
+        o = cuda.device_array((1, N), F32)
+        kc.gemv(Xs[i], Ws[i], o, 1)
+        want.append(o)
+    nbytes = sum(4 * N * K for _, N, K in sh)
+    T = 32 * args.warps
+
+    def per_shape(launch):
+        return [graph_us(lambda _, i=i: launch(i), 1, replays=args.reps) for i in range(len(sh))]
+
+    def six(launch):
+        return len(sh) * graph_us(launch, len(sh), replays=args.reps)
+
+    res_rows, ok = [], True
+    gemv_row = None
+    if args.reps:
+        gl = lambda i: kc.gemv(Xs[i], Ws[i], want[i], 1)  # noqa: E731
+        gemv_row = {"kernel": "gemv", "shape_us": per_shape(gl), "six_us": six(gl)}
+    for S in stages:
+        src = KernelSource(f"resident_gemv_w{args.warps}_s{S}_k{KMAX}", rgemv_source(args.warps, S, KMAX), T,
+                           smem=4 * smem_words(args.warps, S, KMAX))
+        k = kl.Kernel(src, {**kl._GEN_NS, "cp_wait_group": intrin.cp_wait_group})
+        outs = [cuda.device_array((1, N), F32) for _, N, _ in sh]
+
+        def rl(i, k=k, outs=outs):
+            kl.launch(k, G, T, Xs[i], Ws[i], outs[i], np.int32(sh[i][1]), np.int32(sh[i][2]))
+
+        bitwise = {}
+        for i, (name, N, _) in enumerate(sh):
+            outs[i].copy_to_device(np.full((1, N), np.nan, F32))  # poisoned: every output must be written
+            rl(i)
+            cuda.synchronize()
+            bitwise[name] = bool(np.array_equal(outs[i].copy_to_host().view(np.uint32),
+                                                want[i].copy_to_host().view(np.uint32)))
+        ok &= all(bitwise.values())
+        row = {"kernel": "resident", "stages": S, "warps": args.warps, "blocks": G, "smem_bytes": src.smem,
+               "in_flight_kb_per_sm": (S - 1) * args.warps * 4, "bitwise": bitwise}
+        if args.reps:
+            row.update(shape_us=per_shape(rl), six_us=six(rl))
+        res_rows.append(row)
+    res = {"kind": "probe-resident-gemv", "device": device_name(), "sms": sms,
+           "commit": os.environ.get("PRIMEWALK_COMMIT"), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           "args": vars(args), "shapes": [{"name": s[0], "N": s[1], "K": s[2]} for s in sh], "bytes": nbytes,
+           "gemv": gemv_row, "rows": res_rows}
+    names = [s[0] for s in sh]
+    print(f"{res['device']}: {len(sh)} GEMVs, {nbytes / 1e6:.1f} MB")
+    for r in ([gemv_row] if gemv_row else []) + res_rows:
+        what = "gemv" if r["kernel"] == "gemv" else f"resident, {r['warps']} warps, {r['stages']} stages"
+        line = f"{what}: "
+        if "six_us" in r:
+            line += (f"six as one graph {r['six_us']:.1f} us ({nbytes / r['six_us'] / 1e3:.0f} GB/s); "
+                     + ", ".join(f"{n} {u:.1f}" for n, u in zip(names, r["shape_us"])))
+        if "bitwise" in r:
+            line += " bitwise against gemv: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in r["bitwise"].items())
+        print(line)
+    write_text_atomic(args.out, json.dumps(res, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
