@@ -10,7 +10,7 @@ of W) and warp w of it the rows ``r0 + w, r0 + w + warps, ...``. A warp walks it
 in flight; slices padded to 36 words, so that lane L reading slice L hits no bank twice), and
 after the step has landed lane L runs slice L's fma chain from +0 against X (staged once in
 shared memory, padded alike); the 32 partials go through shared memory and every lane adds them
-to the row's accumulator in slice order (from +0), the row's output stored after its last step.
+(loaded four at a time) to the row's accumulator in slice order (from +0), the row's output stored after its last step.
 That is :func:`numba_kernels.exact.dot`, the contract every linear kernel keeps, so each output
 is checked bitwise against ``gemv``'s. The first ``stages - 1`` steps' weights are requested
 before X is staged (in a persistent pass, while the previous phase ends). K must be a multiple
@@ -114,9 +114,12 @@ def rgemv_source(NW, S, KMAX):
     a(f"        sm[{PW0} + w * 32 + ln] = p")
     a("        syncwarp()")
     a("        if row < r1:")
-    a("            n = min(32, KS - c * 32)")
-    a("            for s in range(n):")
-    a(f"                acc = acc + sm[{PW0} + w * 32 + s]")
+    a("            n = KS - c * 32")  # the step's slices (all 32 but in a row's last step)
+    for g in range(8):  # four partials a load, each added in slice order while it is one of the n
+        a(f"            q0, q1, q2, q3 = lds4(sm, {PW0} + w * 32 + {4 * g})")
+        for e in range(4):
+            a(f"            if {4 * g + e} < n:")
+            a(f"                acc = acc + q{e}")
     a("            if c == nck - 1:")
     a("                if ln == 0:")
     a("                    out[0, row] = acc")
