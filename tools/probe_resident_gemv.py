@@ -4,7 +4,9 @@
 ``tools/probe_resident_stream.py`` found one block an SM streaming a pass's bytes as fast as a
 many-block read. This probe puts the arithmetic on such a stream: one block an SM
 (``--warps`` warps), block b owning the output rows ``[b·N/G, (b+1)·N/G)`` (a contiguous run
-of W) and warp w of it the rows ``r0 + w, r0 + w + warps, ...``. A warp walks its rows in
+of W) and warp w of it the rows ``r0 + w, r0 + w + warps, ...`` (``--rows turns``: the grid's
+warps take the rows in turn instead, the whole grid reading one window of W at a time, as the
+engine's many-block GEMV does). A warp walks its rows in
 **steps** of 32 slices (4 KiB of float32): each step's 16-byte units are copied with
 ``cp.async`` into the warp's own ring slot (``--stages`` slots, the newest ``stages - 1`` steps
 in flight; slices padded to 36 words, so that lane L reading slice L hits no bank twice), and
@@ -58,15 +60,20 @@ def smem_words(NW, S, KMAX):
     return NW * S * SLOT + (KMAX // 32) * PAD + NW * 32
 
 
-def rgemv_source(NW, S, KMAX):
-    """The kernel ``kern(X, W, out, N, K)``: out[0, o] = dot(X[0], W[o]) for o < N, K ≤ KMAX."""
+def rgemv_source(NW, S, KMAX, inter=False):
+    """The kernel ``kern(X, W, out, N, K)``: out[0, o] = dot(X[0], W[o]) for o < N, K ≤ KMAX.
+    Rows: block b's contiguous run, warp w every NW-th row of it from its w-th; ``inter``: the
+    grid's warps dealt the rows in turn (global warp g = b·NW + w takes g, g + G·NW, ...), so that
+    the whole grid reads one window of W at a time, as the engine's many-block GEMV does."""
     XS0, PW0 = NW * S * SLOT, NW * S * SLOT + (KMAX // 32) * PAD
+    rows = ([f"    r0 = b * {NW} + w", f"    RS = G * {NW}", "    r1 = N",
+             f"    M = ((N + RS - 1) // RS) * nck"] if inter else  # every warp of the grid walks M steps
+            ["    rb = (b * N) // G", "    r0 = rb + w", f"    RS = {NW}", "    r1 = ((b + 1) * N) // G",
+             f"    M = ((r1 - rb + {NW - 1}) // {NW}) * nck"])  # every warp of the block walks M steps
     L = [f"cpw = cp_wait_group({S - 1})", "", "def kern(X, W, out, N, K):",
          "    sm = cuda.shared.array(0, float32, alignment=ALIGN)",
          "    t = cuda.threadIdx.x", "    w = t // 32", "    ln = t % 32", "    b = cuda.blockIdx.x",
-         "    G = cuda.gridDim.x", "    r0 = (b * N) // G", "    r1 = ((b + 1) * N) // G", "    KS = K // 32",
-         "    nck = (KS + 31) // 32",
-         f"    M = ((r1 - r0 + {NW - 1}) // {NW}) * nck",  # every warp of the block walks M steps
+         "    G = cuda.gridDim.x", "    KS = K // 32", "    nck = (KS + 31) // 32", *rows,
          "    s8 = ln // 8", "    e4 = (ln % 8) * 4"]
     a = L.append
 
@@ -75,7 +82,7 @@ def rgemv_source(NW, S, KMAX):
         a(f"{p}if mi < M:")
         a(f"{p}    ri = mi // nck")
         a(f"{p}    c = mi - ri * nck")
-        a(f"{p}    row = r0 + w + ri * {NW}")
+        a(f"{p}    row = r0 + ri * RS")
         a(f"{p}    if row < r1:")
         a(f"{p}        sb = (w * {S} + mi % {S}) * {SLOT}")
         for i in range(8):  # unit i·32 + ln of the step: slice 4i + ln // 8, unit ln % 8 of it
@@ -100,7 +107,7 @@ def rgemv_source(NW, S, KMAX):
     a("        syncwarp()")  # ... and every lane's
     a("        ri = m // nck")
     a("        c = m - ri * nck")
-    a("        row = r0 + w + ri * " + str(NW))
+    a("        row = r0 + ri * RS")
     a("        j = c * 32 + ln")
     a("        p = ZERO")
     a("        if row < r1 and j < KS:")
@@ -135,6 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", type=int, default=8, help="warps a block (one block an SM)")
     ap.add_argument("--stages", default="3,4", help="ring depths to time (comma-separated)")
     ap.add_argument("--blocks", type=int, default=0, help="blocks (0: one an SM)")
+    ap.add_argument("--rows", default="run", help="how rows are dealt (comma-separated to time both): run (a "
+                    "block's contiguous run), turns (the grid's warps in turn: one window of W at a time)")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=2)
@@ -146,6 +155,9 @@ def main(argv=None) -> int:
         stages = [int(s) for s in args.stages.split(",")]
     except ValueError:
         ap.error(f"--stages {args.stages!r}: comma-separated integers")
+    deals = args.rows.split(",")
+    if not deals or any(d not in ("run", "turns") for d in deals):
+        ap.error(f"--rows {args.rows!r}: run, turns or both (comma-separated)")
     if args.reps < 0 or not 1 <= args.warps <= 32 or min(stages) < 2 or args.blocks < 0:
         ap.error("--reps and --blocks >= 0, --warps 1 to 32, --stages >= 2")
     for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab"):
@@ -195,8 +207,9 @@ def main(argv=None) -> int:
     if args.reps:
         gl = lambda i: kc.gemv(Xs[i], Ws[i], want[i], 1)  # noqa: E731
         gemv_row = {"kernel": "gemv", "shape_us": per_shape(gl), "six_us": six(gl)}
-    for S in stages:
-        src = KernelSource(f"resident_gemv_w{args.warps}_s{S}_k{KMAX}", rgemv_source(args.warps, S, KMAX), T,
+    for deal, S in [(d, S) for d in deals for S in stages]:
+        src = KernelSource(f"resident_gemv_{deal}_w{args.warps}_s{S}_k{KMAX}",
+                           rgemv_source(args.warps, S, KMAX, deal == "turns"), T,
                            smem=4 * smem_words(args.warps, S, KMAX))
         k = kl.Kernel(src, {**kl._GEN_NS, "cp_wait_group": intrin.cp_wait_group})
         outs = [cuda.device_array((1, N), F32) for _, N, _ in sh]
@@ -212,7 +225,7 @@ def main(argv=None) -> int:
             bitwise[name] = bool(np.array_equal(outs[i].copy_to_host().view(np.uint32),
                                                 want[i].copy_to_host().view(np.uint32)))
         ok &= all(bitwise.values())
-        row = {"kernel": "resident", "stages": S, "warps": args.warps, "blocks": G, "smem_bytes": src.smem,
+        row = {"kernel": "resident", "rows": deal, "stages": S, "warps": args.warps, "blocks": G, "smem_bytes": src.smem,
                "in_flight_kb_per_sm": (S - 1) * args.warps * 4, "bitwise": bitwise}
         if args.reps:
             row.update(shape_us=per_shape(rl), six_us=six(rl))
@@ -224,7 +237,7 @@ def main(argv=None) -> int:
     names = [s[0] for s in sh]
     print(f"{res['device']}: {len(sh)} GEMVs, {nbytes / 1e6:.1f} MB")
     for r in ([gemv_row] if gemv_row else []) + res_rows:
-        what = "gemv" if r["kernel"] == "gemv" else f"resident, {r['warps']} warps, {r['stages']} stages"
+        what = "gemv" if r["kernel"] == "gemv" else f"resident ({r['rows']}), {r['warps']} warps, {r['stages']} stages"
         line = f"{what}: "
         if "six_us" in r:
             line += (f"six as one graph {r['six_us']:.1f} us ({nbytes / r['six_us'] / 1e3:.0f} GB/s); "
