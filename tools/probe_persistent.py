@@ -65,6 +65,26 @@ F32 = np.float32
 PHASE_THREADS = 256  # the small phases' stand-ins assume at most this many threads (the GEMV's block)
 
 
+def add_shape_args(ap):
+    """The model dimensions a draft pass's shapes come from (bench-8l's by default)."""
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--inter", type=int, default=5632)
+    ap.add_argument("--draft-vocab", type=int, default=32768)
+
+
+def check_shape_args(ap, args, extra=()):
+    """One line (``ap.error``) for a dimension that is not positive (those of :func:`add_shape_args`
+    and ``extra``) or heads that are not a multiple of the KV heads."""
+    for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab", *extra):
+        if getattr(args, k) < 1:
+            ap.error(f"--{k.replace('_', '-')} must be positive")
+    if args.heads % args.kv_heads:
+        ap.error("--heads must be a multiple of --kv-heads")
+
+
 def shapes(a):
     """The pass's six GEMVs as (name, N, K)."""
     H, D = a.hidden, a.head_dim
@@ -265,12 +285,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="write the JSON here")
     ap.add_argument("--reps", type=int, default=20, help="timed runs of each case (median; 0: the bitwise check alone)")
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=256)
-    ap.add_argument("--inter", type=int, default=5632)
-    ap.add_argument("--draft-vocab", type=int, default=32768)
+    add_shape_args(ap)
     ap.add_argument("--ctx", type=int, default=512, help="the MTP head's keys (64-key tiles)")
     ap.add_argument("--max-registers", type=int, default=0,
                     help="cap the pass kernel's registers a thread (0: the compiler's choice; 128 lets two "
@@ -280,11 +295,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 0 or args.max_registers < 0:
         ap.error("--reps and --max-registers must not be negative")
-    for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab", "ctx"):
-        if getattr(args, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be positive")
-    if args.heads % args.kv_heads:
-        ap.error("--heads must be a multiple of --kv-heads")
+    check_shape_args(ap, args, ("ctx",))
     if not cuda.is_available():
         ap.error("needs a CUDA GPU (none is visible here)")
 

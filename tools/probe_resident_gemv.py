@@ -47,7 +47,7 @@ from numba import cuda  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import device_name, graph_us  # noqa: E402
-from probe_persistent import shapes  # noqa: E402
+from probe_persistent import add_shape_args, check_shape_args, shapes  # noqa: E402
 from harness.atomic import write_text_atomic  # noqa: E402
 
 F32 = np.float32
@@ -144,12 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=0, help="blocks (0: one an SM)")
     ap.add_argument("--rows", default="run", help="how rows are dealt (comma-separated to time both): run (a "
                     "block's contiguous run), turns (the grid's warps in turn: one window of W at a time)")
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=256)
-    ap.add_argument("--inter", type=int, default=5632)
-    ap.add_argument("--draft-vocab", type=int, default=32768)
+    add_shape_args(ap)
     args = ap.parse_args(argv)
     try:
         stages = [int(s) for s in args.stages.split(",")]
@@ -160,11 +155,7 @@ def main(argv=None) -> int:
         ap.error(f"--rows {args.rows!r}: run, turns or both (comma-separated)")
     if args.reps < 0 or not 1 <= args.warps <= 32 or min(stages) < 2 or args.blocks < 0:
         ap.error("--reps and --blocks >= 0, --warps 1 to 32, --stages >= 2")
-    for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "draft_vocab"):
-        if getattr(args, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be positive")
-    if args.heads % args.kv_heads:
-        ap.error("--heads must be a multiple of --kv-heads")
+    check_shape_args(ap, args)
     sh = shapes(args)
     if any(K % 32 for _, _, K in sh):
         ap.error("every shape's K must be a multiple of 32 (the partial slice's zero fill is not built): "
