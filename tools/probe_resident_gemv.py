@@ -27,7 +27,8 @@ graph, ``--reps`` times) against ``gemv``'s, and the six shapes as one graph aga
     PYTHONPATH=. python tools/probe_resident_gemv.py --out receipts/probes/resident-gemv.json
 
 Needs a CUDA GPU (or Numba's simulator, with small shapes: ``tests/test_probe_resident_gemv.py``).
-Exit 0 when every output is bitwise ``gemv``'s, 1 when one is not, 2 on bad input.
+Exit 0 when every output is bitwise ``gemv``'s, 1 when one is not or a configuration could not be
+launched (its row says why: e.g. registers x threads past an SM's), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -278,6 +279,17 @@ def main(argv=None) -> int:
             kl.launch(k, G, T, *((Xs[i], Wf[i], outs[i], n, kk, Z) if ldg else (Xs[i], Ws[i], outs[i], n, kk)))
 
         bitwise = {}
+        row = {"kernel": "resident", "load": load, "rows": deal, "stages": S, "warps": args.warps, "blocks": G,
+               "smem_bytes": src.smem, "in_flight_kb_per_sm": (S - 1) * args.warps * 4}
+        try:  # a configuration the SM cannot hold (registers x threads) is reported, not fatal
+            rl(0)
+            cuda.synchronize()
+        except Exception as e:  # noqa: BLE001  (the driver's launch error)
+            regs = getattr(k.disp, "get_regs_per_thread", lambda: None)()
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]} (registers a thread: {regs})"
+            ok = False
+            res_rows.append(row)
+            continue
         for i, (name, N, _) in enumerate(sh):
             outs[i].copy_to_device(np.full((1, N), np.nan, F32))  # poisoned: every output must be written
             rl(i)
@@ -285,8 +297,7 @@ def main(argv=None) -> int:
             bitwise[name] = bool(np.array_equal(outs[i].copy_to_host().view(np.uint32),
                                                 want[i].copy_to_host().view(np.uint32)))
         ok &= all(bitwise.values())
-        row = {"kernel": "resident", "load": load, "rows": deal, "stages": S, "warps": args.warps, "blocks": G, "smem_bytes": src.smem,
-               "in_flight_kb_per_sm": (S - 1) * args.warps * 4, "bitwise": bitwise}
+        row["bitwise"] = bitwise
         if args.reps:
             row.update(shape_us=per_shape(rl), six_us=six(rl))
         res_rows.append(row)
@@ -303,6 +314,8 @@ def main(argv=None) -> int:
         if "six_us" in r:
             line += (f"six as one graph {r['six_us']:.1f} us ({nbytes / r['six_us'] / 1e3:.0f} GB/s); "
                      + ", ".join(f"{n} {u:.1f}" for n, u in zip(names, r["shape_us"])))
+        if "error" in r:
+            line += "not run: " + r["error"]
         if "bitwise" in r:
             line += " bitwise against gemv: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in r["bitwise"].items())
         print(line)
