@@ -6,19 +6,19 @@ many-block read. This probe puts the arithmetic on such a stream: one block an S
 (``--warps`` warps), block b owning the output rows ``[b·N/G, (b+1)·N/G)`` (a contiguous run
 of W) and warp w of it the rows ``r0 + w, r0 + w + warps, ...`` (``--rows turns``: the grid's
 warps take the rows in turn instead, the whole grid reading one window of W at a time, as the
-engine's many-block GEMV does). A warp walks its rows in
-**steps** of 32 slices (4 KiB of float32): each step's 16-byte units are copied with
-``cp.async`` into the warp's own ring slot (``--stages`` slots, the newest ``stages - 1`` steps
-in flight; slices padded to 36 words, so that lane L reading slice L hits no bank twice), and
-after the step has landed lane L runs slice L's fma chain from +0 against X (staged once in
-shared memory, padded alike); the 32 partials go through shared memory and every lane adds them
-(loaded four at a time) to the row's accumulator in slice order (from +0), the row's output
-stored after its last step. ``--load ldg`` keeps the next ``stages - 1`` steps in registers
-instead (16-byte ``ld.global.nc`` loads, as ``gemv`` reads its weights), each step stored to the
-warp's one tile before its slices are read. That is :func:`numba_kernels.exact.dot`, the
-contract every linear kernel keeps, so each output is checked bitwise against ``gemv``'s. The first ``stages - 1`` steps' weights are requested
-before X is staged (in a persistent pass, while the previous phase ends). K must be a multiple
-of 32 (every bench-8l shape is; the zero fill a partial slice needs is left out).
+engine's many-block GEMV does). A warp walks its rows in **steps** of 32 slices (4 KiB of
+float32): each step's 16-byte units are copied with ``cp.async`` into the warp's own ring slot
+(``--stages`` slots, the newest ``stages - 1`` steps in flight; slices padded to 36 words, so
+that lane L reading slice L hits no bank twice), and after the step has landed lane L runs slice
+L's fma chain from +0 against X (staged once in shared memory, padded alike); the 32 partials go
+through shared memory and every lane adds them (loaded four at a time) to the row's accumulator
+in slice order (from +0), the row's output stored after its last step. ``--load ldg`` keeps the
+next ``stages - 1`` steps in registers instead (16-byte ``ld.global.nc`` loads, as ``gemv``
+reads its weights), each step stored to the warp's one tile before its slices are read. That is
+:func:`numba_kernels.exact.dot`, the contract every linear kernel keeps, so each output is
+checked bitwise against ``gemv``'s. The first ``stages - 1`` steps' weights are requested before
+X is staged (in a persistent pass, while the previous phase ends). K must be a multiple of 32
+(every bench-8l shape is; the zero fill a partial slice needs is left out).
 
 Prints and writes (JSON), for each ring depth: each shape's µs (its launch replayed in a CUDA
 graph, ``--reps`` times) against ``gemv``'s, and the six shapes as one graph against the six

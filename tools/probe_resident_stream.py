@@ -14,9 +14,9 @@ it copied (no barrier) and sums it, so the kernel streams and does a little arit
 would. ``--kernels regs`` times the same stream without shared memory, each thread holding its
 next ``stages - 1`` stages' loads in registers. The median of ``--reps`` runs (CUDA events) for
 each depth in ``--stages``, against a plain grid-stride kernel of many blocks reading the same
-bytes (``many_blocks``: 16-byte loads, eight blocks an SM) -- the rate the engine's launches
-get -- and each sum is checked against numpy's (float64 sums of the shares, to a tolerance: the order of a thread's additions is not
-the contract here).
+bytes (``many_blocks``: 16-byte loads, eight blocks an SM) -- the rate the engine's launches get
+-- and each sum is checked against numpy's (float64 sums of the shares, to a tolerance: the
+order of a thread's additions is not the contract here).
 
     PYTHONPATH=. python tools/probe_resident_stream.py --out receipts/probes/resident-stream.json
 
