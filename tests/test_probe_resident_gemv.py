@@ -11,8 +11,7 @@ from tool_runs import run_without_gpu
 # K: fc 64, qkv 32, o 32, gate_up 32, down 64, lm head 32; three blocks of two warps over N = 32..128
 SMALL = ["--hidden", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--inter", "64",
          "--draft-vocab", "40", "--warps", "2", "--stages", "3", "--blocks", "3", "--rows", "run,turns",
-         "--load", "cp,ldg",
-         "--reps", "0"]
+         "--load", "cp,ldg", "--reps", "0"]
 
 
 def _run(tmp_path, sim, extra=()):

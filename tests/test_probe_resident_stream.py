@@ -1,6 +1,6 @@
 """tools/probe_resident_stream.py without a GPU: under Numba's simulator (one SM, small sizes, no
-timing) the ring and register kernels at two depths and the grid-stride kernel stream the array and their sums
-check against numpy's; without the simulator it stops with one line."""
+timing) the ring and register kernels at two depths and the grid-stride kernel stream the array
+and their sums check against numpy's; without the simulator it stops with one line."""
 
 import json
 

@@ -24,8 +24,9 @@ changed:
   graph has a kernel boundary after each of a pass's 17 kernels.
 
 Prints and writes (JSON) the median of ``--reps`` timed runs (CUDA events) for 1 and 2 blocks an
-SM (where the cooperative launch allows them), each with the barrier before a GEMV phase after the phase's first weight loads
-(``prefetch``: the GEMV's PDL build, the barrier in place of its ``pdl_wait()``) and without:
+SM (where the cooperative launch allows them), each with the barrier before a GEMV phase after
+the phase's first weight loads (``prefetch``: the GEMV's PDL build, the barrier in place of its
+``pdl_wait()``) and without:
 the whole pass (``pass_us``), the same kernel with the small phases skipped (``gemv_phases_us``:
 the GEMVs and their barriers) and the six GEMVs as six launches of the engine's kernel
 (``gemv_launches_us``: captured in one CUDA graph as a step captures them, replayed: the rate

@@ -76,17 +76,13 @@ def rgemv_source(NW, S, KMAX, inter=False, ldg=False):
     a = L.append
 
     def issue(p, m):  # step m's copies into its slot, then one commit (empty past the warp's rows)
-        a(f"{p}mi = {m}")
-        a(f"{p}if mi < M:")
-        a(f"{p}    ri = mi // nck")
-        a(f"{p}    c = mi - ri * nck")
-        a(f"{p}    row = r0 + ri * RS")
-        a(f"{p}    if row < r1:")
-        a(f"{p}        sb = (w * {S} + mi % {S}) * {SLOT}")
+        _locate(a, p, m)
+        a(f"{p}if mi < M and row < r1:")
+        a(f"{p}    sb = (w * {S} + mi % {S}) * {SLOT}")
         for i in range(8):  # unit i·32 + ln of the step: slice 4i + ln // 8, unit ln % 8 of it
-            a(f"{p}        j = c * 32 + {4 * i} + s8")
-            a(f"{p}        if j < KS:")
-            a(f"{p}            cp16f(sm, sb + ({4 * i} + s8) * {PAD} + e4, W, row * K + j * 32 + e4, K)")
+            a(f"{p}    j = c * 32 + {4 * i} + s8")
+            a(f"{p}    if j < KS:")
+            a(f"{p}        cp16f(sm, sb + ({4 * i} + s8) * {PAD} + e4, W, row * K + j * 32 + e4, K)")
         a(f"{p}cp_commit()")
 
     for m in range(S - 1):
@@ -115,6 +111,15 @@ def _head(NW, inter, params):
             "    s8 = ln // 8", "    e4 = (ln % 8) * 4"]
 
 
+def _locate(a, p, m):
+    """Step ``m`` of this warp (``mi``): its row's index among the warp's (``ri``), its chunk of
+    32 slices in the row (``c``) and the row (``row``; past the warp's rows where ``row >= r1``)."""
+    a(f"{p}mi = {m}")
+    a(f"{p}ri = mi // nck")
+    a(f"{p}c = mi - ri * nck")
+    a(f"{p}row = r0 + ri * RS")
+
+
 def _stage_x(a, NW, XS0):
     """X into shared memory, slice j at j·PAD (the first weights are in flight), then acc = +0."""
     a("    u = t")
@@ -129,13 +134,10 @@ def _stage_x(a, NW, XS0):
 def _consume(a, p, m, slot, XS0, PW0):
     """Step ``m`` from the warp's tile at word ``slot``: lane L's slice chain, the partials in
     shared memory, every lane adding them to ``acc`` in slice order; a row's last step stores it."""
-    a(f"{p}mc = {m}")
-    a(f"{p}ri = mc // nck")
-    a(f"{p}c = mc - ri * nck")
-    a(f"{p}row = r0 + ri * RS")
+    _locate(a, p, m)
     a(f"{p}j = c * 32 + ln")
     a(f"{p}p = ZERO")
-    a(f"{p}if mc < M and row < r1 and j < KS:")
+    a(f"{p}if mi < M and row < r1 and j < KS:")
     a(f"{p}    sb = {slot} + ln * {PAD}")
     a(f"{p}    xb = {XS0} + j * {PAD}")
     for u in range(8):
@@ -145,7 +147,7 @@ def _consume(a, p, m, slot, XS0, PW0):
             a(f"{p}    p = fma(x{e}, w{e}, p)")
     a(f"{p}sm[{PW0} + w * 32 + ln] = p")
     a(f"{p}syncwarp()")
-    a(f"{p}if mc < M and row < r1:")
+    a(f"{p}if mi < M and row < r1:")
     a(f"{p}    n = KS - c * 32")  # the step's slices (all 32 but in a row's last step)
     for g in range(8):  # four partials a load, each added in slice order while it is one of the n
         a(f"{p}    q0, q1, q2, q3 = lds4(sm, {PW0} + w * 32 + {4 * g})")
@@ -170,10 +172,7 @@ def ldg_source(NW, S, KMAX, inter=False):
     a = L.append
 
     def load(p, k, m):  # step m's units into register slot k (zeros past the warp's rows)
-        a(f"{p}mi = {m}")
-        a(f"{p}ri = mi // nck")
-        a(f"{p}c = mi - ri * nck")
-        a(f"{p}row = r0 + ri * RS")
+        _locate(a, p, m)
         a(f"{p}ok = mi < M and row < r1")
         for i in range(8):
             a(f"{p}j = c * 32 + {4 * i} + s8")
@@ -196,6 +195,14 @@ def ldg_source(NW, S, KMAX, inter=False):
     return "\n".join(L) + "\n"
 
 
+def _variants(ap, flag, value, allowed):
+    """``value`` split at commas, each one of the two ``allowed`` (else one line, ``ap.error``)."""
+    got = value.split(",")
+    if any(v not in allowed for v in got):
+        ap.error(f"{flag} {value!r}: {allowed[0]}, {allowed[1]} or both (comma-separated)")
+    return got
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="write the JSON here")
@@ -213,12 +220,8 @@ def main(argv=None) -> int:
         stages = [int(s) for s in args.stages.split(",")]
     except ValueError:
         ap.error(f"--stages {args.stages!r}: comma-separated integers")
-    deals = args.rows.split(",")
-    if not deals or any(d not in ("run", "turns") for d in deals):
-        ap.error(f"--rows {args.rows!r}: run, turns or both (comma-separated)")
-    loads = args.load.split(",")
-    if not loads or any(v not in ("cp", "ldg") for v in loads):
-        ap.error(f"--load {args.load!r}: cp, ldg or both (comma-separated)")
+    deals = _variants(ap, "--rows", args.rows, ("run", "turns"))
+    loads = _variants(ap, "--load", args.load, ("cp", "ldg"))
     if args.reps < 0 or not 1 <= args.warps <= 32 or min(stages) < 2 or args.blocks < 0:
         ap.error("--reps and --blocks >= 0, --warps 1 to 32, --stages >= 2")
     check_shape_args(ap, args)
