@@ -87,3 +87,76 @@ def digest(ids: np.ndarray) -> str:
     import hashlib
 
     return hashlib.sha256(np.ascontiguousarray(ids, "<i8").tobytes()).hexdigest()
+
+
+# the certified pick (numba_kernels.sampling.bound_pick): a draft pass's greedy pick from the bf16
+# copy of the head's rows, then the exact dot of the few rows that can still be the largest
+BOUND_MAX_K = 1 << 20  # bound_pick's xn margin assumes K ≤ 2**20
+
+
+def _up32(v: np.ndarray) -> np.ndarray:
+    """float64 values rounded up to float32 (the next float32 ≥ each; NaN stays NaN, inf inf)."""
+    f = v.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        low = f.astype(np.float64) < v
+    return np.where(low, np.nextafter(f, np.float32(np.inf)), f)
+
+
+def bound_tables(W: np.ndarray, chunk: int = 4096):
+    """The tables of ``bound_pick`` for a float32 head ``W`` [N, K]: (bf16 bits of W [N, K] uint16,
+    rounded to nearest even -- the approximate head whose GEMV gives A; Rc [N]; Mc [N]; xf), so
+    that for every x and row j: |L_j − A_j| ≤ Rc_j·‖x‖ + 2**-120 whenever Mc_j·‖x‖ < 2**125,
+    L_j the canonical dot of x and W_j, A_j that of x and the bf16 row W̃_j (any summation order).
+
+    Why: with T = Σ w·x and S = Σ w̃·x (real numbers), |T − S| ≤ ‖w − w̃‖·‖x‖ (Cauchy–Schwarz),
+    and a float32 sum of K fma'd products, in any order, is within γ·Σ|terms| + (K+1)·2**-150 of
+    its real value, γ = (K+1)u/(1 − (K+1)u), u = 2**-24 (each term passes through at most K + 1
+    roundings; the absolute part is underflow), Σ|w·x| ≤ ‖w‖·‖x‖. So
+    |L − A| ≤ (‖w − w̃‖ + γ(‖w‖ + ‖w̃‖))·‖x‖ + 2(K+1)·2**-150, and 2(K+1)·2**-150 < 2**-120. The
+    norms are taken in float64 (relative error below K·2**-53) and the results rounded up by
+    2**-20 and then to float32. Mc = max(‖w‖, ‖w̃‖)(1 + 2**-20) bounds every partial sum of both
+    dots by Mc·‖x‖(1 + γ): below 2**125·1.001 nothing overflows. A weight that is not finite
+    (or rounds to a bf16 inf) makes Mc inf or NaN: that row's block computes every row.
+    xf: sqrt(dot(x, x))·xf + 2**-60 ≥ ‖x‖ (the dot's rounding γ, sqrt's and the multiply's,
+    and ≤ K·2**-150 of underflowed squares)."""
+    from .modes import round_bf16
+
+    W = np.asarray(W)
+    if W.ndim != 2 or W.dtype != np.float32:
+        raise ValueError(f"bound_tables: a float32 matrix, not {W.dtype} {W.shape}")
+    N, K = W.shape
+    if K > BOUND_MAX_K:
+        raise ValueError(f"bound_tables: K = {K} is over {BOUND_MAX_K}")
+    u = 2.0 ** -24
+    g = (K + 1) * u / (1 - (K + 1) * u)
+    w16 = np.empty((N, K), np.uint16)
+    rc = np.empty(N, np.float32)
+    mc = np.empty(N, np.float32)
+    for r0 in range(0, N, chunk):
+        w = W[r0:r0 + chunk]
+        wt = round_bf16(w)
+        w16[r0:r0 + chunk] = (np.ascontiguousarray(wt).view(np.uint32) >> 16).astype(np.uint16)
+        w64, t64 = w.astype(np.float64), wt.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            nw = np.sqrt(np.einsum("ij,ij->i", w64, w64))
+            nt = np.sqrt(np.einsum("ij,ij->i", t64, t64))
+            d = t64 - w64
+            nd = np.sqrt(np.einsum("ij,ij->i", d, d))
+            slack = 1 + 2.0 ** -20
+            rc[r0:r0 + chunk] = _up32((nd + g * (nw + nt)) * slack)
+            mc[r0:r0 + chunk] = _up32(np.maximum(nw, nt) * slack)
+    xf = _up32(np.array([1 + 2 * g + 2.0 ** -20]))[0]
+    return w16, rc, mc, np.float32(xf)
+
+
+def bound_wanted(backend: str, mode: str, weights: str) -> bool:
+    """Whether an engine's draft passes pick through ``bound_pick``: in exact mode with float32
+    weights (a bf16-resident head already reads half the bytes), on CUDA by default (on the CPU
+    the approximate GEMV costs what the exact one does); ``PRIMEWALK_DRAFT_BOUND=0`` turns it off,
+    ``=1`` on wherever it applies (the CPU included). The drafts are the same either way."""
+    env = os.environ.get("PRIMEWALK_DRAFT_BOUND", "").strip()
+    if env not in ("", "0", "1"):
+        raise InputError(f"PRIMEWALK_DRAFT_BOUND={env!r}: give 0 or 1")
+    if mode != "exact" or weights != "f32" or env == "0":
+        return False
+    return env == "1" or backend == "cuda"
