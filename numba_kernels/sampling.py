@@ -105,6 +105,33 @@ def pick_block(bv, bi, sv, si, t, nt):
     pick_tree(sv, si, t, nt)
 
 
+@body
+def pick_settle(bv, bi, sv, si, last, pv, pi, done, io, picked, slot, t, nt, b, G):
+    """Block b of a grid of G, every thread calling it with its candidate (bv, bi): the block's
+    first goes to (pv[b], pi[b]); the last block to finish (``done[0]``, a counter it leaves at
+    zero again: a captured step replays the launch) takes the first of the G block candidates
+    and makes greedy_pick_cpu's stores (io[1] = it, io[0] += 1, picked[slot] = it). The order is
+    total on (value, index), so the order blocks finish in changes nothing."""
+    pick_block(bv, bi, sv, si, t, nt)
+    if t == 0:
+        pv[b] = sv[0]
+        pi[b] = si[0]
+        cuda.threadfence()  # the candidate is visible to every block before this one counts itself done
+        last[0] = 1 if cuda.atomic.add(done, 0, 1) == G - 1 else 0
+    barrier()
+    if last[0] == 1:  # every other block's candidate is stored and visible
+        bv, bi = pv[0], pi[0]
+        for j in range(t, G, nt):
+            if pick_better(pv[j], pi[j], bv, bi):
+                bv, bi = pv[j], pi[j]
+        pick_block(bv, bi, sv, si, t, nt)
+        if t == 0:
+            io[1] = si[0]
+            io[0] = io[0] + 1
+            picked[slot] = si[0]
+            done[0] = 0
+
+
 @kernel
 def greedy_pick_k(logits, V, pv, pi, done, io, picked, slot):
     """Block b: the first of its PICK_LOADS · blockDim logits into (pv[b], pi[b]); the last block
@@ -129,24 +156,7 @@ def greedy_pick_k(logits, V, pv, pi, done, io, picked, slot):
         bv, bi = v2, i2
     if pick_better(v3, i3, bv, bi):
         bv, bi = v3, i3
-    pick_block(bv, bi, sv, si, t, nt)
-    if t == 0:
-        pv[b] = sv[0]
-        pi[b] = si[0]
-        cuda.threadfence()  # the candidate is visible to every block before this one counts itself done
-        last[0] = 1 if cuda.atomic.add(done, 0, 1) == G - 1 else 0
-    barrier()
-    if last[0] == 1:  # every other block's candidate is stored and visible
-        bv, bi = pv[0], pi[0]
-        for j in range(t, G, nt):
-            if pick_better(pv[j], pi[j], bv, bi):
-                bv, bi = pv[j], pi[j]
-        pick_block(bv, bi, sv, si, t, nt)
-        if t == 0:
-            io[1] = si[0]
-            io[0] = io[0] + 1
-            picked[slot] = si[0]
-            done[0] = 0  # for the next launch (a captured step replays this one)
+    pick_settle(bv, bi, sv, si, last, pv, pi, done, io, picked, slot, t, nt, b, G)
 
 
 @launcher("greedy_pick")
@@ -250,8 +260,7 @@ def warp_dot(X, W, r, K, P, lane):
 def bound_pick_k(X, W, A, Rc, Mc, xf, N, K, pv, pi, done, io, picked, slot):
     """Block b owns rows b·blockDim + t (thread t's); warp 0 first computes xn; a thread's row is a
     candidate per the bound; the block's warps take the candidates in turn (warp_dot), and the
-    block's first goes to (pv[b], pi[b]); the last block to finish makes the stores, as
-    greedy_pick_k's."""
+    block's first of them and the grid's are settled as greedy_pick_k's (pick_settle)."""
     P = cuda.shared.array((BP_WARPS, 32), np.float32)
     sv = cuda.shared.array(BP_ROWS, np.float32)
     si = cuda.shared.array(BP_ROWS, np.int32)
@@ -294,24 +303,7 @@ def bound_pick_k(X, W, A, Rc, Mc, xf, N, K, pv, pi, done, io, picked, slot):
         if lane == 0 and pick_better(v, r, bv, bi):
             bv, bi = v, r
     barrier()  # sv is read above (lb) by every thread
-    pick_block(bv, bi, sv, si, t, nt)
-    if t == 0:
-        pv[b] = sv[0]
-        pi[b] = si[0]
-        cuda.threadfence()
-        last[0] = 1 if cuda.atomic.add(done, 0, 1) == G - 1 else 0
-    barrier()
-    if last[0] == 1:
-        bv, bi = pv[0], pi[0]
-        for q in range(t, G, nt):
-            if pick_better(pv[q], pi[q], bv, bi):
-                bv, bi = pv[q], pi[q]
-        pick_block(bv, bi, sv, si, t, nt)
-        if t == 0:
-            io[1] = si[0]
-            io[0] = io[0] + 1
-            picked[slot] = si[0]
-            done[0] = 0
+    pick_settle(bv, bi, sv, si, last, pv, pi, done, io, picked, slot, t, nt, b, G)
 
 
 @launcher("bound_pick")
