@@ -13,10 +13,6 @@ the exact dot of the rows the bound leaves, against greedy_pick of the exact log
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -27,8 +23,8 @@ from harness.engine.modes import round_bf16
 from harness.errors import InputError
 from numba_kernels import cpu
 from numba_kernels.sampling import BP_ROWS
+from tool_runs import sim_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = np.float32
 
 
@@ -207,11 +203,7 @@ SIM = textwrap.dedent(r'''
 
 
 def test_the_kernel_under_the_simulator_picks_what_the_twin_picks():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", SIM], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
-    res = json.loads(lines[-1][len("RESULT "):])
+    res = sim_result(SIM, timeout=900)
     assert len(res) >= 20
     for r in res:
         assert r["got"] == r["want"], r
