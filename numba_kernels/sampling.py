@@ -199,10 +199,10 @@ NEG_INF = F32(-np.inf)
 
 
 @body
-def bound_xn(X, K, xf):
-    """The upper bound of ‖X[0, :K]‖ that bound_pick's margins use (NaN or inf when x is not
-    finite or ‖x‖² overflows)."""
-    return fmul(sqrt32(dot_rows(X, 0, 0, X, 0, 0, K)), xf) + BP_XABS
+def bound_xn(x2, xf):
+    """The upper bound of ‖x‖ that bound_pick's margins use, from x2 = dot(x, x) in the canonical
+    order (NaN or inf when x is not finite or ‖x‖² overflows)."""
+    return fmul(sqrt32(x2), xf) + BP_XABS
 
 
 @body
@@ -218,7 +218,7 @@ def bound_pick_cpu(X, W, A, Rc, Mc, xf, io, picked, slot):
     """greedy_pick_cpu of linear(X[:1], W) (numpy.argmax of the exact logits row), computing the
     exact dot only of the rows the bound leaves (see above); blocks of BP_ROWS rows, as the kernel's."""
     N, K = W.shape[0], W.shape[1]
-    xn = bound_xn(X, K, xf)
+    xn = bound_xn(dot_rows(X, 0, 0, X, 0, 0, K), xf)
     bv, bi = NEG_INF, N
     for r0 in range(0, N, BP_ROWS):
         r1 = min(r0 + BP_ROWS, N)
@@ -273,7 +273,7 @@ def bound_pick_k(X, W, A, Rc, Mc, xf, N, K, pv, pi, done, io, picked, slot):
     if w == 0:
         x2 = warp_dot(X, X, 0, K, P[0], lane)
         if lane == 0:
-            xs[0] = fmul(sqrt32(x2), xf) + BP_XABS
+            xs[0] = bound_xn(x2, xf)
             cnt[0] = 0
             cnt[1] = 0
     barrier()

@@ -146,6 +146,17 @@ def test_few_rows_are_left_on_random_inputs():
     assert N // BP_ROWS <= left <= 4 * N // BP_ROWS, left
 
 
+def test_the_bf16_copy_is_the_projects_rounding():
+    """The copy's bits are numba_kernels.mma.f32_to_bf16's (round_bf16's), special values included:
+    ties to even, the largest float32 (to inf), subnormals, signed zeros, infinities, NaNs."""
+    from numba_kernels.mma import f32_to_bf16
+
+    bits = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00000001, 0x807FFFFF, 0x80000000, 0x7F800000,
+                     0xFF800000, 0x7F800001, 0xFFC12345, 0x7FFFFFFF], np.uint32)
+    W = np.concatenate([bits.view(F32), np.random.default_rng(2).standard_normal(53).astype(F32)]).reshape(8, 8)
+    np.testing.assert_array_equal(bound_tables(W)[0], f32_to_bf16(W))
+
+
 def test_tables_refuse_what_the_bound_does_not_cover():
     with pytest.raises(ValueError, match="float32"):
         bound_tables(np.zeros((2, 3)))

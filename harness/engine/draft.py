@@ -104,7 +104,7 @@ def _up32(v: np.ndarray) -> np.ndarray:
     return np.where(low, np.nextafter(f, np.float32(np.inf)), f)
 
 
-def bound_tables(W: np.ndarray, chunk: int = 8192):
+def bound_tables(W: np.ndarray):
     """The tables of ``bound_pick`` for a float32 head ``W`` [N, K]: (bf16 bits of W [N, K] uint16,
     rounded to nearest even -- the approximate head whose GEMV gives A; Rc [N]; Mc [N]; xf), so
     that for every x and row j: |L_j − A_j| ≤ Rc_j·‖x‖ + 2**-120 whenever Mc_j·‖x‖ < 2**125,
@@ -120,8 +120,8 @@ def bound_tables(W: np.ndarray, chunk: int = 8192):
     dots by Mc·‖x‖(1 + γ): below 2**125·1.001 nothing overflows. A weight that is not finite
     (or rounds to a bf16 inf) makes Mc inf or NaN: that row's block computes every row.
     xf: sqrt(dot(x, x))·xf + 2**-60 ≥ ‖x‖ (the dot's rounding γ, sqrt's and the multiply's,
-    and ≤ K·2**-150 of underflowed squares). About a second for bench-8l's 151,936 × 2,048 head
-    on 16 cores (one pass of ``_bf16_norms`` over rows in parallel)."""
+    and ≤ K·2**-150 of underflowed squares). The bf16 bits are ``numba_kernels.mma.f32_to_bf16``'s (what
+    ``round_bf16`` gives), made with the norms in one parallel pass over the rows."""
     W = np.asarray(W)
     if W.ndim != 2 or W.dtype != np.float32:
         raise ValueError(f"bound_tables: a float32 matrix, not {W.dtype} {W.shape}")
@@ -133,7 +133,7 @@ def bound_tables(W: np.ndarray, chunk: int = 8192):
     W = np.ascontiguousarray(W)
     w16 = np.empty((N, K), np.uint16)
     norms = np.empty((N, 3), np.float64)
-    _bf16_norms(W.view(np.uint32), w16, norms)
+    _bf16_norms(W, W.view(np.uint32), w16, _bf16_values(), norms)
     nw, nt, nd = norms[:, 0], norms[:, 1], norms[:, 2]
     slack = 1 + 2.0 ** -20
     with np.errstate(invalid="ignore", over="ignore"):
@@ -143,44 +143,36 @@ def bound_tables(W: np.ndarray, chunk: int = 8192):
     return w16, rc, mc, np.float32(xf)
 
 
-def _bf16_norms_py(Wu, w16, out):
-    """Row j of float32 bits ``Wu`` [N, K]: its bf16 bits (nearest even; a NaN stays a quiet NaN)
-    into w16[j], and sqrt(Σw²), sqrt(Σw̃²), sqrt(Σ(w − w̃)²) in float64 into out[j]."""
-    N, K = Wu.shape
-    for j in prange(N):
+def _bf16_values():
+    """Every bf16 bit pattern's value, float64 [65536] (``numba_kernels.mma.bf16_to_f32``)."""
+    from numba_kernels.mma import bf16_to_f32
+
+    with np.errstate(invalid="ignore"):  # signalling NaNs: NaN either way
+        return bf16_to_f32(np.arange(1 << 16, dtype=np.uint16)).astype(np.float64)
+
+
+@njit(parallel=True, cache=True)
+def _bf16_norms(W, Wu, w16, value, out):
+    """Row j of W [N, K] (``Wu`` its bits): its bf16 bits into w16[j] by ``numba_kernels.mma.
+    f32_to_bf16``'s rule (nearest even; a NaN becomes 0x7fc0 with its sign), and sqrt(Σw²),
+    sqrt(Σw̃²), sqrt(Σ(w − w̃)²) in float64 into out[j] (w̃ = value[bits]); rows in parallel."""
+    for j in prange(W.shape[0]):
         a = b = c = 0.0
-        for i in range(K):
-            x = Wu[j, i]
-            if (x & 0x7F800000) == 0x7F800000 and (x & 0x007FFFFF) != 0:
-                h = (x >> 16) | 0x40
+        for i in range(W.shape[1]):
+            x = np.uint64(Wu[j, i])
+            if (x & 0x7FFFFFFF) > 0x7F800000:
+                h = ((x >> 16) & 0x8000) | 0x7FC0
             else:
                 h = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
             w16[j, i] = h
-            w = _f64_of_bits(x)
-            t = _f64_of_bits((h & 0xFFFF) << 16)
+            w = np.float64(W[j, i])
+            t = value[h]
             a += w * w
             b += t * t
             c += (w - t) * (w - t)
         out[j, 0] = math.sqrt(a)
         out[j, 1] = math.sqrt(b)
         out[j, 2] = math.sqrt(c)
-
-
-def _f64_of_bits_py(x):
-    """The float32 with bits ``x`` (uint32) as a float64, exactly."""
-    e = (x >> 23) & 0xFF
-    m = x & 0x7FFFFF
-    if e == 0xFF:
-        v = math.inf if m == 0 else math.nan
-    elif e == 0:
-        v = math.ldexp(float(m), -149)
-    else:
-        v = math.ldexp(float(m | 0x800000), int(e) - 150)
-    return -v if x >> 31 else v
-
-
-_f64_of_bits = njit(cache=True)(_f64_of_bits_py)
-_bf16_norms = njit(parallel=True, cache=True)(_bf16_norms_py)
 
 
 def bound_wanted(backend: str, mode: str, weights: str) -> bool:
