@@ -484,8 +484,7 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
            "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
            "draft_step_ms_range": _ms_range(d_s), "verify_step_ms_range": _ms_range(v_s),
-           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k),
-           "draft_pick": "bound_pick" if eng.bound else "greedy_pick"}  # how a draft pass picks (.engine.draft)
+           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
     if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
         eng.set_draft_vocab(draft_vocab)
         try:

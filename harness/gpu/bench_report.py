@@ -74,13 +74,9 @@ def free_device_memory() -> None:
 
 def guarded(fn, errors: dict, name: str, free=free_device_memory):
     """``fn()``, or ``"oom"`` after an out-of-memory error (freed, not a failure), or ``"error"``
-    after any other exception (recorded in ``errors[name]``). Prints how long it took (a run cut
-    off by a time limit shows where its time went)."""
-    t0 = time.perf_counter()
+    after any other exception (recorded in ``errors[name]``)."""
     try:
-        out = fn()
-        print(f"[bench] {name}: done in {time.perf_counter() - t0:.1f} s", flush=True)
-        return out
+        return fn()
     except Exception as e:  # one measure failing must not lose the rest of a one-shot run
         if is_oom(e):
             errors[name] = f"oom: {type(e).__name__}: {str(e)[:200]}"
