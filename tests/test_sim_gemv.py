@@ -13,15 +13,10 @@ kernel on the widened weights.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tool_runs import sim_result
 
 SCRIPT = textwrap.dedent(r'''
     import sys
@@ -125,19 +120,9 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 
-def _run(code: str, timeout: int = 600):
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def sim():
-    p = _run(SCRIPT)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return sim_result(SCRIPT)
 
 
 def test_gemv_bitwise_under_simulator(sim):
