@@ -214,10 +214,6 @@ def op_cases():
     picks["V4100-inf"][0, :5] = 1.0
     for cid, lg in picks.items():
         case("greedy_pick", cid, (lg, np.array([70, 3], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
-    # the certified draft pick: three blocks of one warp, two rounds of warp_dot (K 1100), every form
-    from harness.gpu.devicecheck import add_bound_picks
-
-    add_bound_picks(np.random.default_rng(5), lambda op, cid, args, outs: case(op, cid, args, outs), 70, 1100)
     for pos in (False, True):
         case("rope", "R2-H3-D8-p70", (r(2, 3 * 8), 3, 8, 2, cos, sin, 70, 2), [0], pos=pos)
         case("kv_write", "R2-p70", (r(2, 20), 3, r(2, 30), 11, np.zeros((75, 8), F32), np.zeros((75, 8), F32), 70, 2),

@@ -458,9 +458,18 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
     engine on the CPU, the hardware anchors faked; the JSON has every block the README, the
     notebook and ``harness evidence`` read."""
     pytest.importorskip("transformers")
+    from harness.gpu import bench
     from harness.gpu.evidence import receipt_facts
 
-    bench = _tiny_bench(monkeypatch)
+    with open(os.path.join(default_model_path(), "config.json")) as f:
+        tiny = json.load(f)
+    rope = tiny.pop("rope_parameters")
+    tiny.pop("model_type")
+    tiny.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"])
+    monkeypatch.setattr(bench, "BENCH_8L", tiny)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BACKEND", "cpu")
+    monkeypatch.setattr(bench, "torch_anchors", lambda timer: ({"fake": {"s": 1.0, "tflops": 1.0}}, 1e11))
     out = str(tmp_path / "bench.json")
     # spec_run, profile_step and stdlib_spec have their own tests above and below
     r = bench.run_bench(out, commit="c0ffee", lengths=[48, 96], budget_s=3000,
@@ -485,92 +494,6 @@ def test_the_whole_bench_runs_on_the_cpu_with_a_tiny_model(tmp_path, monkeypatch
         assert st["min"] <= part["decode_512_stepwise_ms_per_token"] <= st["max"]
     assert receipt_facts(back)["fingerprint"] and os.path.exists(r["figure"])
     assert "goal prime_4096_vs_hf_fp32" in bench.table(back)
-
-
-def _tiny_bench(monkeypatch):
-    """harness.gpu.bench with bench-8l swapped for the tiny config and everything on the CPU."""
-    from harness.gpu import bench
-
-    with open(os.path.join(default_model_path(), "config.json")) as f:
-        tiny = json.load(f)
-    rope = tiny.pop("rope_parameters")
-    tiny.pop("model_type")
-    tiny.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"])
-    monkeypatch.setattr(bench, "BENCH_8L", tiny)
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "BACKEND", "cpu")
-    monkeypatch.setattr(bench, "torch_anchors", lambda timer: ({"fake": {"s": 1.0, "tflops": 1.0}}, 1e11))
-    return bench
-
-
-def test_a_stopped_bench_writes_what_it_measured(tmp_path, monkeypatch, capsys):
-    """A SIGTERM in the middle of a part (here: the GEMM rates, inside the primewalk part) stops
-    the run, and the JSON still holds every measure taken before it, says where it stopped, reads
-    as a receipt and renders in the table and the README block, with the later goals n/a; the
-    command exits 143."""
-    pytest.importorskip("transformers")
-    from harness.cli import gpu as cli_gpu
-    from harness.gpu.evidence import receipt_facts
-
-    bench = _tiny_bench(monkeypatch)
-
-    def stop(*a, **k):
-        raise rep.Stopped("SIGTERM")
-
-    monkeypatch.setattr(bench, "gemm_rates", stop)
-    out = str(tmp_path / "bench.json")
-    r = bench.run_bench(out, commit="c0ffee", lengths=[48], budget_s=3000,
-                        skip=["hf", "decode-32k", "walker", "stdlib", "spec", "profile", "mma"])
-    with open(out) as f:
-        back = json.load(f)
-    st = back["stopped"]
-    assert st["signal"] == "SIGTERM" and st["in"] == ["primewalk", "gemm rates"] and st["after_s"] > 0, st
-    assert back["errors"]["gemm rates"].startswith("stopped by SIGTERM after "), back["errors"]
-    assert isinstance(back["prime_curve"][0]["primewalk_s"], float)  # measured before the stop
-    assert "decode_512_ms_per_token" not in back["primewalk"] and back["primewalk"]["bf16"] == {"n/a": "skipped"}
-    assert back["goals"]["decode_512_over_floor"]["met"] == "n/a"
-    assert back["goals"]["bf16_decode_512_over_bf16_floor"]["met"] == "n/a"
-    assert receipt_facts(back)["fingerprint"]
-    note = "stopped by SIGTERM (its time limit) after"
-    assert note in bench.table(back) and note in rep.readme_markdown(back)
-    assert "in primewalk / gemm rates" in rep.readme_markdown(back)
-    assert r["stopped"] == st and "[bench] gemm rates: stopped by SIGTERM" in capsys.readouterr().out
-
-    from types import SimpleNamespace
-
-    args = SimpleNamespace(out=out, commit="c0ffee", quick=False, lengths=None, skip=None, budget_s=10.0)
-    monkeypatch.setattr(cli_gpu, "require_gpu", lambda *a: None)
-    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: back)
-    assert cli_gpu.cmd_bench(args) == 143
-    assert "a stopped run" in capsys.readouterr().out
-    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {**back, "stopped": None})
-    assert cli_gpu.cmd_bench(args) == 0
-
-
-def test_sigterm_stops_the_bench_instead_of_ending_it():
-    """In a process of its own (a signal to the test runner would end it): a SIGTERM inside
-    ``stop_on_sigterm`` raises ``Stopped`` through a ``guarded`` part, which records it; outside,
-    the previous handler is back."""
-    import subprocess
-
-    code = """
-import os, signal, time
-from harness.gpu import bench_report as rep
-errors = {}
-def part():
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)
-try:
-    with rep.stop_on_sigterm():
-        rep.guarded(part, errors, "part")
-    print("not stopped")
-except rep.Stopped as e:
-    print("stopped", e.signal_name, e.parts, errors["part"].startswith("stopped by SIGTERM"))
-print("handler back", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
-"""
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.startswith("[bench] part: stopped by SIGTERM after "), p.stderr
-    assert p.stdout.split("\n")[1:3] == ["stopped SIGTERM ['part'] True", "handler back True"], p.stdout
 
 
 def test_stdlib_spec_on_the_cpu(monkeypatch):

@@ -12,10 +12,15 @@ fails a warp that a lane never reaches, and the next launch runs normally.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
-from tool_runs import sim_result
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
     import json, sys
@@ -128,7 +133,12 @@ SCRIPT = textwrap.dedent(r'''
 
 @pytest.fixture(scope="module")
 def got():
-    return sim_result(SCRIPT, timeout=300, unset=("PRIMEWALK_SIMSCHED",))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PRIMEWALK_SIMSCHED", None)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def test_the_baton_computes_what_numbas_scheduler_computes(got):

@@ -11,13 +11,13 @@ chunk, exactly a chunk, a chunk + 1); capture on and off; −0 and exact zeros i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from tool_runs import sim_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +111,11 @@ SCRIPT = textwrap.dedent(r'''
 
 @pytest.fixture(scope="module")
 def sim():
-    res = sim_result(SCRIPT)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
+    res = json.loads(lines[-1][len("RESULT "):])
     for k, v in res.items():
         print(f"CUDASIM gdn {k}: {v}")
     return res

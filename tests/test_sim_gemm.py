@@ -13,10 +13,13 @@ generator cheaply; the production tiles run on a few small shapes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
-from tool_runs import sim_result
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
     import sys
@@ -95,7 +98,11 @@ SCRIPT = textwrap.dedent(r'''
 
 
 def test_gemm_cudasim_bitwise():
-    res = sim_result(SCRIPT)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    res = json.loads(line[len("RESULT "):])
     bad = [k for k, v in res.items() if not v]
     assert not bad, f"not bitwise equal to the CPU twin: {bad}"
     assert len(res) >= 30

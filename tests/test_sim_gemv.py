@@ -13,10 +13,15 @@ kernel on the widened weights.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
-from tool_runs import sim_result
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
     import sys
@@ -120,9 +125,19 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+def _run(code: str, timeout: int = 600):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def sim():
-    return sim_result(SCRIPT)
+    p = _run(SCRIPT)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"simulator run failed (rc {p.returncode}):\n{p.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def test_gemv_bitwise_under_simulator(sim):

@@ -15,10 +15,13 @@ imported.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
-from tool_runs import sim_result
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
     import json
@@ -260,7 +263,12 @@ SCRIPT = textwrap.dedent(r'''
 
 
 def test_mma_tc_kernels_under_the_simulator_bitwise():
-    res = sim_result(SCRIPT, timeout=1500)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=1500)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-4000:])
+    res = json.loads(line[len("RESULT "):])
     assert len(res) == 52
     bad = [r["case"] for r in res if not r["same"]]
     assert not bad, f"differ from the twin: {bad}"

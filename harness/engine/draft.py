@@ -22,11 +22,9 @@ corpus). Order and repeats in a list do not matter: it is a set.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np
-from numba import njit, prange
 
 from ..errors import InputError
 
@@ -89,100 +87,3 @@ def digest(ids: np.ndarray) -> str:
     import hashlib
 
     return hashlib.sha256(np.ascontiguousarray(ids, "<i8").tobytes()).hexdigest()
-
-
-# the certified pick (numba_kernels.sampling.bound_pick): a draft pass's greedy pick from the bf16
-# copy of the head's rows, then the exact dot of the few rows that can still be the largest
-BOUND_MAX_K = 1 << 20  # bound_pick's xn margin assumes K ≤ 2**20
-
-
-def _up32(v: np.ndarray) -> np.ndarray:
-    """float64 values rounded up to float32 (the next float32 ≥ each; NaN stays NaN, inf inf)."""
-    f = v.astype(np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        low = f.astype(np.float64) < v
-    return np.where(low, np.nextafter(f, np.float32(np.inf)), f)
-
-
-def bound_tables(W: np.ndarray):
-    """The tables of ``bound_pick`` for a float32 head ``W`` [N, K]: (bf16 bits of W [N, K] uint16,
-    rounded to nearest even -- the approximate head whose GEMV gives A; Rc [N]; Mc [N]; xf), so
-    that for every x and row j: |L_j − A_j| ≤ Rc_j·‖x‖ + 2**-120 whenever Mc_j·‖x‖ < 2**125,
-    L_j the canonical dot of x and W_j, A_j that of x and the bf16 row W̃_j (any summation order).
-
-    Why: with T = Σ w·x and S = Σ w̃·x (real numbers), |T − S| ≤ ‖w − w̃‖·‖x‖ (Cauchy–Schwarz),
-    and a float32 sum of K fma'd products, in any order, is within γ·Σ|terms| + (K+1)·2**-150 of
-    its real value, γ = (K+1)u/(1 − (K+1)u), u = 2**-24 (each term passes through at most K + 1
-    roundings; the absolute part is underflow), Σ|w·x| ≤ ‖w‖·‖x‖. So
-    |L − A| ≤ (‖w − w̃‖ + γ(‖w‖ + ‖w̃‖))·‖x‖ + 2(K+1)·2**-150, and 2(K+1)·2**-150 < 2**-120. The
-    norms are taken in float64 (relative error below K·2**-53) and the results rounded up by
-    2**-20 and then to float32. Mc = max(‖w‖, ‖w̃‖)(1 + 2**-20) bounds every partial sum of both
-    dots by Mc·‖x‖(1 + γ): below 2**125·1.001 nothing overflows. A weight that is not finite
-    (or rounds to a bf16 inf) makes Mc inf or NaN: that row's block computes every row.
-    xf: sqrt(dot(x, x))·xf + 2**-60 ≥ ‖x‖ (the dot's rounding γ, sqrt's and the multiply's,
-    and ≤ K·2**-150 of underflowed squares). The bf16 bits are ``numba_kernels.mma.f32_to_bf16``'s (what
-    ``round_bf16`` gives), made with the norms in one parallel pass over the rows."""
-    W = np.asarray(W)
-    if W.ndim != 2 or W.dtype != np.float32:
-        raise ValueError(f"bound_tables: a float32 matrix, not {W.dtype} {W.shape}")
-    N, K = W.shape
-    if K > BOUND_MAX_K:
-        raise ValueError(f"bound_tables: K = {K} is over {BOUND_MAX_K}")
-    u = 2.0 ** -24
-    g = (K + 1) * u / (1 - (K + 1) * u)
-    W = np.ascontiguousarray(W)
-    w16 = np.empty((N, K), np.uint16)
-    norms = np.empty((N, 3), np.float64)
-    _bf16_norms(W, W.view(np.uint32), w16, _bf16_values(), norms)
-    nw, nt, nd = norms[:, 0], norms[:, 1], norms[:, 2]
-    slack = 1 + 2.0 ** -20
-    with np.errstate(invalid="ignore", over="ignore"):
-        rc = _up32((nd + g * (nw + nt)) * slack)
-        mc = _up32(np.maximum(nw, nt) * slack)
-    xf = _up32(np.array([1 + 2 * g + 2.0 ** -20]))[0]
-    return w16, rc, mc, np.float32(xf)
-
-
-def _bf16_values():
-    """Every bf16 bit pattern's value, float64 [65536] (``numba_kernels.mma.bf16_to_f32``)."""
-    from numba_kernels.mma import bf16_to_f32
-
-    with np.errstate(invalid="ignore"):  # signalling NaNs: NaN either way
-        return bf16_to_f32(np.arange(1 << 16, dtype=np.uint16)).astype(np.float64)
-
-
-@njit(parallel=True, cache=True)
-def _bf16_norms(W, Wu, w16, value, out):
-    """Row j of W [N, K] (``Wu`` its bits): its bf16 bits into w16[j] by ``numba_kernels.mma.
-    f32_to_bf16``'s rule (nearest even; a NaN becomes 0x7fc0 with its sign), and sqrt(Σw²),
-    sqrt(Σw̃²), sqrt(Σ(w − w̃)²) in float64 into out[j] (w̃ = value[bits]); rows in parallel."""
-    for j in prange(W.shape[0]):
-        a = b = c = 0.0
-        for i in range(W.shape[1]):
-            x = np.uint64(Wu[j, i])
-            if (x & 0x7FFFFFFF) > 0x7F800000:
-                h = ((x >> 16) & 0x8000) | 0x7FC0
-            else:
-                h = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
-            w16[j, i] = h
-            w = np.float64(W[j, i])
-            t = value[h]
-            a += w * w
-            b += t * t
-            c += (w - t) * (w - t)
-        out[j, 0] = math.sqrt(a)
-        out[j, 1] = math.sqrt(b)
-        out[j, 2] = math.sqrt(c)
-
-
-def bound_wanted(backend: str, mode: str, weights: str) -> bool:
-    """Whether an engine's draft passes pick through ``bound_pick``: in exact mode with float32
-    weights (a bf16-resident head already reads half the bytes), on CUDA by default (on the CPU
-    the approximate GEMV costs what the exact one does); ``PRIMEWALK_DRAFT_BOUND=0`` turns it off,
-    ``=1`` on wherever it applies (the CPU included). The drafts are the same either way."""
-    env = os.environ.get("PRIMEWALK_DRAFT_BOUND", "").strip()
-    if env not in ("", "0", "1"):
-        raise InputError(f"PRIMEWALK_DRAFT_BOUND={env!r}: give 0 or 1")
-    if mode != "exact" or weights != "f32" or env == "0":
-        return False
-    return env == "1" or backend == "cuda"

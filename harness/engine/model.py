@@ -30,7 +30,7 @@ from .backend import get_backend, host_view
 from .cache import Cache, Session
 from .config import LINEAR
 from .digests import config_fingerprint
-from .draft import bound_tables, bound_wanted, draft_ids
+from .draft import draft_ids
 from .graphs import StepRunner, graph_key, graphs_wanted
 from .layout import prepare_weights
 from .modes import check_mode, mode_ops, weight_upload
@@ -118,8 +118,6 @@ class Engine:
         self._trace = None  # the recording Trace of the step running now (see .trace)
         self.draft_ids = self.draft_head = None  # the draft vocabulary (.draft), none by default
         self._draft_gen = 0  # bumped by each set_draft_vocab: the draft passes' capture keys carry it
-        self.bound = self.has_mtp and bound_wanted(self.B.name, self.mode, self.weights)  # drafts by bound_pick
-        self._bound_tabs = None  # (the head's weight, bound_pick's tables of it on the backend)
         if draft_vocab is not None:
             self.set_draft_vocab(draft_vocab)
 
@@ -749,42 +747,15 @@ class Engine:
         and returns ids of the vocabulary. The draft logits are the full head's at those ids,
         bit for bit."""
         self._draft_gen += 1  # the draft passes' captures read the head they were captured with
-        self._bound_tabs = None
         if vocab is None:
             self.draft_ids = self.draft_head = None
             return
         self.require_mtp("a draft vocabulary")
         ids = draft_ids(vocab, self.cfg.vocab_size)
-        self.draft_head = self._lin(self._head_rows(ids))
-        self.draft_ids = ids
-
-    def _head_rows(self, ids=None):
-        """The lm head's rows at ``ids`` (all when None) as a host float32 array."""
         t = self.ckpt.tensors
-        src = np.asarray(t["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"])
-        return np.ascontiguousarray(src if ids is None else src[ids], dtype=F32)
-
-    def _draft_bound(self, head):
-        """``bound_pick``'s tables of the drafting head (:func:`.draft.bound_tables`: its bf16
-        copy, the bounds, xf), made once a head, on the backend."""
-        if self._bound_tabs is None or self._bound_tabs[0] is not head[0]:
-            w16, rc, mc, xf = bound_tables(self._head_rows(self.draft_ids))
-            up = self.B.upload
-            self._bound_tabs = (head[0], (up(w16), up(rc), up(mc), xf))
-        return self._bound_tabs[1]
-
-    def _draft_pick(self, dh, R, head, io, picked, slot):
-        """A draft pass's pick, ``greedy_pick`` of the logits of the last of its ``R`` normed rows
-        ``dh`` over ``head``: with :attr:`bound`, the bf16 copy's GEMV and ``bound_pick`` (the
-        exact dot of the rows the bound leaves; the same pick), else the head's GEMV and
-        ``greedy_pick``."""
-        if not self.bound:
-            self.ops.greedy_pick(self._lm_head(dh, R, 1, None, -1, None, head), io, picked, slot)
-            return
-        w16, rc, mc, xf = self._draft_bound(head)
-        x, approx = dh[R - 1:R], self.ws(head[2] + ".approx", 1, head[1])
-        self.ops.linear(x, w16, approx, 1)
-        self.ops.bound_pick(x, head[0], approx, rc, mc, xf, io, picked, slot)
+        src = t["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
+        self.draft_head = self._lin(np.ascontiguousarray(np.asarray(src)[ids], dtype=F32))
+        self.draft_ids = ids
 
     def mtp_rows(self, sess, tokens, hiddens, start, logits_rows=None, last_hidden=False, draft=False):
         """MTP head over rows at positions start..: row r pairs tokens[r] with hiddens[r] (the
@@ -891,14 +862,14 @@ class Engine:
         table = ch["embed"] if sub else self.embed  # a pass after the first embeds its pick
         flags = self._flags()
         hin = hiddens if not isinstance(hiddens, np.ndarray) else np.ascontiguousarray(hiddens, F32)
-        keep = [io, picked, dh, head[0], table, *(self._draft_bound(head)[:3] if self.bound else ())]
+        keep = [io, picked, dh, head[0], table]
         gen = self._draft_gen
         io0 = np.array([start + n - 1, 0], np.int32)  # io's start: the first pick moves it to start + n
 
         def first(inp, at, pos):
             self.ops.copy_i32(inp["io0"], io, 2)  # an input of the step: no driver copy of its own
             self._mtp_pass(inp["ids"], self.embed, inp["hin"], n, at, pos, c, flags, dh[:n])
-            self._draft_pick(dh, n, head, io, picked, 0)
+            self.ops.greedy_pick(self._lm_head(dh, n, 1, None, -1, None, head), io, picked, 0)
 
         try:
             self._step(c, graph_key("draft", n, "draft", gen), first, {"ids": ids, "hin": hin, "io0": io0}, start, keep)
@@ -907,7 +878,7 @@ class Engine:
 
                 def body(at, pos, i=i, r=r):
                     self._mtp_pass(io[1:2], table, dh[r - 1:r], 1, at, pos, c, flags, dh[:1])
-                    self._draft_pick(dh, 1, head, io, picked, i)
+                    self.ops.greedy_pick(self._lm_head(dh, 1, 1, None, -1, None, head), io, picked, i)
 
                 self.steps.run_chained(c, self._captured(graph_key("draft+", r, "draft", gen, i)), body, start + n + i - 1,
                                        io[0:1], lambda: [c, self.cos, self.sin, self._flag_buf, self._no_flags,

@@ -484,8 +484,7 @@ def spec_run(eng, prompt, k, new_tokens=64, draft_vocab=None, draft_vocab_curve=
            "mean_acceptance_length": float(spec.metrics["mean_acceptance_length"]),
            "draft_step_ms": _median(d_s) * 1e3, "verify_step_ms": _median(v_s) * 1e3,
            "draft_step_ms_range": _ms_range(d_s), "verify_step_ms_range": _ms_range(v_s),
-           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k),
-           "draft_pick": "bound_pick" if eng.bound else "greedy_pick"}  # how a draft pass picks (.engine.draft)
+           "draft_chained_equals_stepwise": drafts_chained_equal_stepwise(eng, sess, snap, k)}
     if draft_vocab and eng.cfg.vocab_size > draft_vocab:  # the same step drafting among the first ids
         eng.set_draft_vocab(draft_vocab)
         try:
@@ -588,9 +587,8 @@ def stdlib_spec(ks, new_tokens=128, prompt_tokens=512):
     return out
 
 
-def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0, res):
-    """Every primewalk measure on bench-8l (see the module docstring), written into ``res`` as
-    each is taken (a stopped run keeps those before the stop). Returns the engine."""
+def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0):
+    """Every primewalk measure on bench-8l (see the module docstring). Returns (engine, dict)."""
     from ..engine.memory import plan
     from ..engine.model import Engine
     from ..walk.mtp_walker import run_prime
@@ -598,8 +596,8 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0, res):
     ctx = device_context()
     lengths = [e["tokens"] for e in curve]
     eng = Engine(ck, BACKEND, check_finite=True)
-    res.update({"weights_on_device_bytes": int(free0 - ctx.get_memory_info()[0]), "chunk_rows": eng.chunk_rows,
-                "captured_steps": bool(eng.graphs)})
+    res = {"weights_on_device_bytes": int(free0 - ctx.get_memory_info()[0]), "chunk_rows": eng.chunk_rows,
+           "captured_steps": bool(eng.graphs)}
     res["memory_plan"] = {str(n): {"above_weights_bytes": p.above_weights, "cache_bytes": p.cache,
                                    "workspace_bytes": p.workspace_bytes}
                           for n in lengths for p in [plan(eng.cfg, n + 64, eng.chunk_rows)]}
@@ -686,7 +684,7 @@ def ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0, res):
     res["attention_tflops_32768"] = attention_tflops(eng, res["profile"], 32768)
     res["attention_tflops_4096"] = attention_tflops(eng, res["profile"], 4096)
     res["peak_used_bytes"] = max(peaks.values(), default=None)
-    return eng
+    return eng, res
 
 
 def logits_check(eng, model_fp32_logits, ids):
@@ -708,10 +706,7 @@ def _git_commit(root):
 
 def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(), budget_s=DEFAULT_BUDGET_S):
     """The whole bench (module docstring) in one time box of ``budget_s`` seconds; writes the
-    JSON at ``out_path`` and the curve's figure beside it. Returns the result. The box is the
-    bench's own plan; a SIGTERM (an outer ``timeout`` that the box did not keep) stops the part
-    running and the run writes what it measured before, with ``stopped`` saying when and where
-    (null in a whole run)."""
+    JSON at ``out_path`` and the curve's figure beside it. Returns the result."""
     try:
         import torch
     except ImportError:
@@ -736,54 +731,58 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     ids = rng.integers(0, BENCH_8L["vocab_size"], max(lengths + [4096])).tolist()
     ids512 = ids[:512]
     errors = {}
-    # what a stop (rep.stop_on_sigterm) leaves: each part fills its entry as it goes
-    hf, ref_logits, curve = {"fp32": {}, "bf16": {}}, None, rep.new_curve(lengths)
-    mine = {"mma": {NA: "skipped"}, "bf16": {NA: "skipped"}}
-    stdlib, sgemm, bw, weight_bytes, all_bytes, stopped = SKIPPED, {}, None, None, None, None
-    with rep.stop_on_sigterm():
-        try:
-            with tempfile.TemporaryDirectory() as folder:
-                model, ck = bench_checkpoint(folder, seed)
-            weight_bytes = sum(a.nbytes for k, a in ck.tensors.items()
-                               if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
-            all_bytes = sum(a.nbytes for a in ck.tensors.values())
-            sgemm, bw = torch_anchors(timer)
-            ref_logits = _hf_part(model, ids, ids512, timer, curve, budget, skip, errors, hf, lengths)
-            del model
-            rep.free_device_memory()
-            free0 = device_context().get_memory_info()[0]
-            eng = guarded(lambda: ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0, mine), errors,
-                          "primewalk")
-            if isinstance(eng, str):  # a failed engine still leaves the JSON
-                eng = None
-            if eng is not None and isinstance(ref_logits, np.ndarray):
-                mine["logits_rel_err_vs_hf_fp32"] = guarded(lambda: logits_check(eng, ref_logits, ids[:64]), errors,
-                                                            "logits check")
-            if "mma" not in skip:  # exact-bf16 (issue #19) beside exact and transformers bf16, before the
-                # optional parts: the box is mostly spent by now, and its goals are measured here or not at all
-                from . import bench_mma
+    with tempfile.TemporaryDirectory() as folder:
+        model, ck = bench_checkpoint(folder, seed)
+    weight_bytes = sum(a.nbytes for k, a in ck.tensors.items() if not k.startswith("mtp.") and k != "model.embed_tokens.weight")
+    sgemm, bw = torch_anchors(timer)
+    curve = rep.new_curve(lengths)
+    hf, ref_logits = {"fp32": {}, "bf16": {}}, None
+    for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.12)):
+        if "hf" in skip or (name == "bf16" and "hf-bf16" in skip):
+            continue
+        m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
+        if isinstance(m, str):
+            continue
+        rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors,
+                      runs=lambda n: sum(curve_reps(n, lengths[0])))
+        hf[name]["decode_ms_per_token"] = guarded(lambda: hf_decode_ms(m, ids512, timer), errors, f"hf {name} decode")
+        t = rep.curve_entry(curve, 4096).get(f"hf_{name}_s")
+        if isinstance(t, float):
+            hf[name].update(prime_4096_s=t, prime_4096_tokens_per_s=4096 / t)
+        if name == "fp32":
+            with torch.no_grad():
+                ref_logits = guarded(lambda: m(torch.tensor([ids[:64]], device=DEVICE)).logits[0].float().cpu().numpy(),
+                                     errors, "hf fp32 reference logits")
+        del m
+    del model
+    rep.free_device_memory()
+    free0 = device_context().get_memory_info()[0]
+    got = guarded(lambda: ours(ck, ids, ids512, timer, curve, budget, skip, errors, free0), errors, "primewalk")
+    eng, mine = got if isinstance(got, tuple) else (None, {})  # a failed engine still leaves the JSON
+    if eng is not None and isinstance(ref_logits, np.ndarray):
+        mine["logits_rel_err_vs_hf_fp32"] = guarded(lambda: logits_check(eng, ref_logits, ids[:64]), errors,
+                                                    "logits check")
+    floor_ms = weight_bytes / bw * 1e3
+    mine["mma"] = {NA: "skipped"}
+    if "mma" not in skip:  # exact-bf16 (issue #19) beside exact and transformers bf16, before the
+        # optional parts: the box is mostly spent by now, and its goals are measured here or not at all
+        from . import bench_mma
 
-                gotm = guarded(lambda: bench_mma.measure(ck, ids[:4096], ids512, timer, quick, budget.sub(0.5).left,
-                                                         weight_bytes / 2 / bw * 1e3, backend=BACKEND), errors,
-                               "exact-bf16")
-                mine["mma"] = gotm if isinstance(gotm, dict) else {NA: gotm}
-            if "bf16" not in skip:
-                def bf16_decode():
-                    e16, nbytes = bf16_engine(ck)
-                    return {**decode_figures(e16, lambda: _primed(e16, ids512)), "decode_bytes": nbytes,
-                            "floor_ms": nbytes / bw * 1e3}
+        gotm = guarded(lambda: bench_mma.measure(ck, ids[:4096], ids512, timer, quick, budget.sub(0.5).left,
+                                                 weight_bytes / 2 / bw * 1e3, backend=BACKEND), errors, "exact-bf16")
+        mine["mma"] = gotm if isinstance(gotm, dict) else {NA: gotm}
+    mine["bf16"] = {NA: "skipped"}
+    if "bf16" not in skip:
+        def bf16_decode():
+            e16, nbytes = bf16_engine(ck)
+            return {**decode_figures(e16, lambda: _primed(e16, ids512)), "decode_bytes": nbytes,
+                    "floor_ms": nbytes / bw * 1e3}
 
-                got16 = guarded(bf16_decode, errors, "bf16 decode")
-                mine["bf16"] = got16 if isinstance(got16, dict) else {NA: got16}
-            if "stdlib" not in skip and budget.left() > 60:
-                stdlib = guarded(lambda: stdlib_spec(SPEC_KS), errors, "stdlib-small spec")
-        except rep.Stopped as e:
-            stopped = {"signal": e.signal_name, "after_s": round(time.perf_counter() - t_all, 1),
-                       "in": e.parts[::-1]}
-            print(f"[bench] stopped by {e.signal_name} after {stopped['after_s']} s (in "
-                  f"{' / '.join(stopped['in']) or 'setup'}): writing what was measured", flush=True)
-    # from here on a SIGTERM ends the process as usual; the JSON is written whole or not at all
-    floor_ms = weight_bytes / bw * 1e3 if weight_bytes and bw else None
+        got16 = guarded(bf16_decode, errors, "bf16 decode")
+        mine["bf16"] = got16 if isinstance(got16, dict) else {NA: got16}
+    stdlib = SKIPPED
+    if "stdlib" not in skip and budget.left() > 60:
+        stdlib = guarded(lambda: stdlib_spec(SPEC_KS), errors, "stdlib-small spec")
 
     def over(a, b):
         return a / b if isinstance(a, float) and isinstance(b, float) and b else None
@@ -809,11 +808,10 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
         "created": now, "date": now, "device": gpu.device_name(), "driver": gpu.driver(), "pdl": gpu.pdl(),
         "commit": commit or os.environ.get("PRIMEWALK_COMMIT") or _git_commit(REPO),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "weights_bytes_decode": weight_bytes, "weights_bytes_all": all_bytes,
-        "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms,
-        "decode_floor_bf16_ms": mine["bf16"].get("floor_ms", floor_ms / 2 if floor_ms else None),
+        "weights_bytes_decode": weight_bytes, "weights_bytes_all": sum(a.nbytes for a in ck.tensors.values()),
+        "copy_bandwidth_bytes_per_s": bw, "decode_floor_ms": floor_ms, "decode_floor_bf16_ms": mine["bf16"].get("floor_ms", floor_ms / 2),
         "sgemm": sgemm, "hf": hf, "prime_curve": curve, "primewalk": mine, "stdlib_small": stdlib,
-        "ratios": ratios, "errors": errors, "stopped": stopped,
+        "ratios": ratios, "errors": errors,
         "cores": load0["cores"], "load": {"start": load0["loadavg"], "end": machine_load()["loadavg"]},
         **evidence_block(REPO),
     }
@@ -824,32 +822,6 @@ def run_bench(out_path, commit=None, quick=False, seed=0, lengths=None, skip=(),
     return result
 
 
-def _hf_part(model, ids, ids512, timer, curve, budget, skip, errors, hf, lengths):
-    """transformers fp32 and bf16 on bench-8l (curve entries, decode, into ``hf``); returns the
-    fp32 model's logits of the first 64 tokens (the logits check's reference) or None."""
-    import torch
-
-    ref_logits = None
-    for name, dtype, share in (("fp32", torch.float32, 0.2), ("bf16", torch.bfloat16, 0.12)):
-        if "hf" in skip or (name == "bf16" and "hf-bf16" in skip):
-            continue
-        m = guarded(lambda: model.to(device=DEVICE, dtype=dtype).eval(), errors, f"hf {name} load")
-        if isinstance(m, str):
-            continue
-        rep.run_curve(curve, f"hf_{name}", hf_prime_runner(m, ids, timer, lengths[0]), budget.sub(share), errors,
-                      runs=lambda n: sum(curve_reps(n, lengths[0])))
-        hf[name]["decode_ms_per_token"] = guarded(lambda: hf_decode_ms(m, ids512, timer), errors, f"hf {name} decode")
-        t = rep.curve_entry(curve, 4096).get(f"hf_{name}_s")
-        if isinstance(t, float):
-            hf[name].update(prime_4096_s=t, prime_4096_tokens_per_s=4096 / t)
-        if name == "fp32":
-            with torch.no_grad():
-                ref_logits = guarded(lambda: m(torch.tensor([ids[:64]], device=DEVICE)).logits[0].float().cpu().numpy(),
-                                     errors, "hf fp32 reference logits")
-        del m
-    return ref_logits
-
-
 def table(r) -> str:
     """The bench's printed summary (either JSON schema)."""
     v = rep._v
@@ -857,8 +829,6 @@ def table(r) -> str:
     nan = "-"
     out = [f"{r.get('model')} on {r.get('device')} (driver {r.get('driver')}), commit {str(r.get('commit'))[:10]}, "
            f"{r.get('created')}, wall {r.get('wall_s')} s"]
-    if note := rep.stopped_note(r):
-        out.append(note)
     if r.get("prime_curve"):
         out.append("prime curve (s):")
         out.append(f"  {'tokens':>8s} {'primewalk':>10s} {'hf fp32':>10s} {'hf bf16':>10s} {'peak GiB':>9s}")

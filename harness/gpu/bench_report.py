@@ -11,18 +11,12 @@ JSON (``receipts/bench/*.json``, ``schema_version`` 2) written by the bench and 
   freed), ``"skipped"`` (time box or ``--skip``) or ``"error"``.
 - ``goals``: ``{name: {"value", "goal", "met"}}``; ``met`` is true / false, or ``"n/a"`` with
   value ``"n/a"`` when the run could not measure it.
-- ``stopped``: null, or ``{"signal", "after_s", "in"}`` when a SIGTERM (an outer ``timeout``)
-  stopped the run: the JSON holds what was measured before it (``in``: the parts running then,
-  outermost first); every later part is missing and its goals are ``"n/a"``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
-import signal
-import threading
 import time
 
 OOM, SKIPPED, ERROR, NA = "oom", "skipped", "error", "n/a"
@@ -78,49 +72,11 @@ def free_device_memory() -> None:
         pass
 
 
-class Stopped(BaseException):
-    """The run was told to stop (:func:`stop_on_sigterm`). Not an ``Exception``: it passes every
-    :func:`guarded` part on its way out, each adding its name to ``parts`` (innermost first)."""
-
-    def __init__(self, signal_name: str):
-        super().__init__(signal_name)
-        self.signal_name, self.parts = signal_name, []
-
-
-@contextlib.contextmanager
-def stop_on_sigterm():
-    """Inside, a SIGTERM raises :class:`Stopped` in the main thread (where Python runs signal
-    handlers) instead of ending the process, so the bench can still write what it measured
-    (``tools/device_run.sh`` runs it under ``timeout``, whose TERM reaches the whole process
-    group). Off the main thread nothing changes. The previous handler is back on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Stopped(signal.Signals(signum).name)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def guarded(fn, errors: dict, name: str, free=free_device_memory):
     """``fn()``, or ``"oom"`` after an out-of-memory error (freed, not a failure), or ``"error"``
-    after any other exception (recorded in ``errors[name]``). Prints how long it took (a run cut
-    off by a time limit shows where its time went); a :class:`Stopped` is recorded and raised on."""
-    t0 = time.perf_counter()
+    after any other exception (recorded in ``errors[name]``)."""
     try:
-        out = fn()
-        print(f"[bench] {name}: done in {time.perf_counter() - t0:.1f} s", flush=True)
-        return out
-    except Stopped as e:
-        errors[name] = f"stopped by {e.signal_name} after {time.perf_counter() - t0:.1f} s"
-        print(f"[bench] {name}: {errors[name]}", flush=True)
-        e.parts.append(name)
-        raise
+        return fn()
     except Exception as e:  # one measure failing must not lose the rest of a one-shot run
         if is_oom(e):
             errors[name] = f"oom: {type(e).__name__}: {str(e)[:200]}"
@@ -469,16 +425,6 @@ def _goal_value(name: str, v) -> str:
     return f"{v:.3f} ×"
 
 
-def stopped_note(r: dict) -> str:
-    """One sentence when a SIGTERM stopped the run (``stopped``), else ""."""
-    st = r.get("stopped")
-    if not isinstance(st, dict):
-        return ""
-    where = " / ".join(st.get("in") or []) or "its setup"
-    return (f"This run was stopped by {st.get('signal')} (its time limit) after {st.get('after_s')} s, in "
-            f"{where}: what it had not measured by then is missing, and those goals are n/a.")
-
-
 def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> str:
     """The README's Performance tables from bench result ``r`` (read from ``path``): the run and
     its anchors, the prime length curve, decode, speculative decoding and the goals -- every
@@ -580,8 +526,6 @@ def readme_markdown(r: dict, path: str = "receipts/bench/cuda-bench.json") -> st
         met = {True: "yes", False: "**no**"}.get(g.get("met"), str(g.get("met")))
         detail = _goal_detail(name, r) if _num(g.get("value")) is not None else ""
         out.append(f"| {issue} | `{name}` | {_goal_value(name, g.get('value'))}{detail} | {g.get('goal')} | {met} |")
-    if stop_note := stopped_note(r):
-        out[0] += " " + stop_note
     return "\n".join(out)
 
 

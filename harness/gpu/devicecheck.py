@@ -42,30 +42,6 @@ def _w16(rng, *shape, scale=1.0):
     return (_r(rng, *shape, scale=scale).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def add_bound_picks(rng, add, N, K, every=True):
-    """bound_pick's cases on an [N, K] head (A from the CPU twin's GEMV of its bf16 copy); only
-    the random one where not ``every``."""
-    from numba_kernels import cpu
-
-    from ..engine.draft import bound_tables
-
-    W = _r(rng, N, K, scale=K ** -0.5)
-    X = _r(rng, 1, K)
-    tie = W.copy()  # rows N/3, N/2 and N-1 equal and the largest: the first of them is the pick
-    tie[[N // 3, N // 2, N - 1]] = X[0] * (2 / np.linalg.norm(X[0]))
-    zero, nan = np.zeros_like(X), X.copy()
-    nan[0, K // 2] = np.nan
-    bad = W.copy()
-    bad[N // 5, 0], bad[N // 7, K - 1] = np.inf, np.nan
-    forms = (("", X, W), ("-ties", X, tie), ("-zero-x", zero, W), ("-nan-x", nan, W), ("-inf-nan-w", X, bad))
-    for cid, x, w in forms if every else forms[:1]:
-        w16, rc, mc, xf = bound_tables(w)
-        A = np.zeros((1, N), F32)
-        cpu.linear(x, w16, A, 1)
-        add("bound_pick", f"N{N}-K{K}{cid}", (x, w, A, rc, mc, xf, np.array([9, 0], np.int32), np.full(3, -1, np.int32),
-                                               2), [6, 7])
-
-
 def op_cases(rng, full: bool = True):
     """(op, case id, args builder -> tuple of numpy args, indices of outputs to compare)."""
     cases = []
@@ -252,12 +228,6 @@ def op_cases(rng, full: bool = True):
     add("greedy_pick", "V5000-zeros", (z, np.array([0, 0], np.int32), np.full(2, -1, np.int32), 1), [1, 2])
     add("greedy_pick", "V5000-neg-inf", (np.full((1, 5000), -np.inf, F32), np.array([0, 0], np.int32),
                                          np.full(2, -1, np.int32), 1), [1, 2])
-    # the certified draft pick (bound_pick: bf16 approximate logits, exact dots of the rows the bound
-    # leaves) at the draft vocabulary's and bench-8l's vocabulary's shapes, with ties across
-    # blocks, x = 0 (every row exact), a NaN in x, a weight row with inf and NaN
-    for N, K, every in (((32768, 2048, True), (151936, 2048, False), (700, 1100, True)) if full
-                        else ((700, 1100, True), (33, 5, True))):
-        add_bound_picks(rng, add, N, K, every)
     # the trace's row hash (harness bisect): a logits-wide row, many rows, the k routed experts of
     # a token as one traced row (m > 1), a column window, chained onto earlier hashes
     hashes = rng.integers(0, 2 ** 63, (4096, 3), dtype=np.uint64)
